@@ -1,0 +1,226 @@
+//! The one place where ember names concrete backends, and the dispatch from a `--device`
+//! value to a generic task.
+//!
+//! CPU: burn's `flex` backend (default feature), or `ndarray` when built without `flex`.
+//! GPU: burn's CUDA backend with fusion and autotune (feature `cuda`), driver loaded at run time.
+
+use std::fmt;
+use std::str::FromStr;
+
+use burn::backend::Autodiff;
+use burn::tensor::backend::AutodiffBackend;
+
+#[cfg(feature = "flex")]
+pub type Cpu = burn::backend::Flex;
+#[cfg(all(feature = "ndarray", not(feature = "flex")))]
+pub type Cpu = burn::backend::NdArray<f32>;
+#[cfg(not(any(feature = "flex", feature = "ndarray")))]
+compile_error!("ember needs a CPU backend: enable the `flex` (default) or `ndarray` feature");
+
+#[cfg(feature = "cuda")]
+pub type Gpu = burn::backend::Cuda<f32, i32>;
+
+/// Name of the CPU backend compiled in.
+pub const CPU_BACKEND: &str = if cfg!(feature = "flex") { "flex" } else { "ndarray" };
+
+/// Errors choosing a device; each says what to do instead.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("invalid --device '{0}': expected auto, cpu, cuda or cuda:N")]
+    Parse(String),
+    #[error("--device {0} needs a build with CUDA: cargo build --release --features cuda")]
+    CudaNotCompiled(DeviceArg),
+    #[error("--device {device}: no CUDA driver could be loaded (libcuda.so); install the NVIDIA driver or use --device cpu")]
+    NoDriver { device: DeviceArg },
+    #[error("--device {device}: the CUDA driver failed to initialise ({reason}); use --device cpu")]
+    DriverInit { device: DeviceArg, reason: String },
+    #[error("--device {device}: this machine has {count} CUDA device(s)")]
+    NoSuchDevice { device: DeviceArg, count: usize },
+}
+
+/// A `--device` value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum DeviceArg {
+    /// The first CUDA device when compiled with CUDA and one is present, else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    Cuda(usize),
+}
+
+impl FromStr for DeviceArg {
+    type Err = BackendError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Self::Cuda)
+                .ok_or_else(|| BackendError::Parse(s.to_string())),
+        }
+    }
+}
+
+impl fmt::Display for DeviceArg {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// The device a run uses, in words: backend name and device description.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub backend: &'static str,
+    pub device: String,
+}
+
+impl fmt::Display for DeviceInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} on {}", self.backend, self.device)
+    }
+}
+
+/// Work that runs on any autodiff backend; [`dispatch`] picks the backend.
+pub trait BackendTask {
+    type Output;
+    fn run<B: AutodiffBackend>(self, device: B::Device, info: DeviceInfo) -> Self::Output;
+}
+
+/// A device resolved against what is compiled in and present.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resolved {
+    Cpu,
+    Cuda { index: usize, name: String },
+}
+
+/// Compute threads of the CPU backend's pool.
+pub fn cpu_threads() -> usize {
+    rayon::current_num_threads()
+}
+
+/// Backends compiled into this binary.
+pub fn compiled() -> Vec<&'static str> {
+    let mut v = vec![CPU_BACKEND];
+    if cfg!(feature = "cuda") {
+        v.push("cuda (fusion, autotune)");
+    }
+    v
+}
+
+/// Maps `arg` to a device that exists, without touching any backend.
+pub fn resolve(arg: DeviceArg) -> Result<Resolved, BackendError> {
+    match arg {
+        DeviceArg::Cpu => Ok(Resolved::Cpu),
+        DeviceArg::Auto => Ok(cuda::probe(0).unwrap_or(Resolved::Cpu)),
+        DeviceArg::Cuda(index) => {
+            if !cfg!(feature = "cuda") {
+                return Err(BackendError::CudaNotCompiled(arg));
+            }
+            cuda::probe_checked(arg, index)
+        }
+    }
+}
+
+/// Resolves `arg` and runs `task` on the matching backend, with autodiff.
+pub fn dispatch<T: BackendTask>(arg: DeviceArg, task: T) -> Result<T::Output, BackendError> {
+    match resolve(arg)? {
+        Resolved::Cpu => Ok(task.run::<Autodiff<Cpu>>(
+            Default::default(),
+            DeviceInfo {
+                backend: CPU_BACKEND,
+                device: format!("cpu ({} threads)", cpu_threads()),
+            },
+        )),
+        #[cfg(feature = "cuda")]
+        Resolved::Cuda { index, name } => Ok(task.run::<Autodiff<Gpu>>(
+            burn::backend::cuda::CudaDevice::new(index),
+            DeviceInfo {
+                backend: "cuda",
+                device: format!("cuda:{index} ({name})"),
+            },
+        )),
+        #[cfg(not(feature = "cuda"))]
+        Resolved::Cuda { .. } => unreachable!("resolve() only yields CUDA devices when compiled with CUDA"),
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use super::{BackendError, DeviceArg, Resolved};
+    use cudarc::driver::result;
+
+    /// Asks the driver, without panicking, whether CUDA device `index` exists.
+    pub fn probe_checked(arg: DeviceArg, index: usize) -> Result<Resolved, BackendError> {
+        // SAFETY: only loads the driver library to see whether it is there.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(BackendError::NoDriver { device: arg });
+        }
+        let init = |e: result::DriverError| BackendError::DriverInit {
+            device: arg,
+            reason: e.to_string(),
+        };
+        result::init().map_err(init)?;
+        let count = result::device::get_count().map_err(init)? as usize;
+        if index >= count {
+            return Err(BackendError::NoSuchDevice { device: arg, count });
+        }
+        let dev = result::device::get(index as i32).map_err(init)?;
+        let name = result::device::get_name(dev).map_err(init)?;
+        Ok(Resolved::Cuda { index, name })
+    }
+
+    pub fn probe(index: usize) -> Option<Resolved> {
+        probe_checked(DeviceArg::Cuda(index), index).ok()
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod cuda {
+    use super::{BackendError, DeviceArg, Resolved};
+
+    pub fn probe_checked(arg: DeviceArg, _index: usize) -> Result<Resolved, BackendError> {
+        Err(BackendError::CudaNotCompiled(arg))
+    }
+
+    pub fn probe(_index: usize) -> Option<Resolved> {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_device_values() {
+        assert_eq!("auto".parse::<DeviceArg>().unwrap(), DeviceArg::Auto);
+        assert_eq!("cpu".parse::<DeviceArg>().unwrap(), DeviceArg::Cpu);
+        assert_eq!("cuda".parse::<DeviceArg>().unwrap(), DeviceArg::Cuda(0));
+        assert_eq!("cuda:3".parse::<DeviceArg>().unwrap(), DeviceArg::Cuda(3));
+        for bad in ["gpu", "cuda:", "cuda:x", "CPU", ""] {
+            let err = bad.parse::<DeviceArg>().unwrap_err().to_string();
+            assert!(err.contains(&format!("'{bad}'")), "{err}");
+        }
+    }
+
+    #[test]
+    fn cpu_always_resolves() {
+        assert_eq!(resolve(DeviceArg::Cpu).unwrap(), Resolved::Cpu);
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    #[test]
+    fn cuda_without_the_feature_says_how_to_build_it() {
+        let err = resolve(DeviceArg::Cuda(0)).unwrap_err().to_string();
+        assert!(err.contains("--features cuda"), "{err}");
+        assert_eq!(resolve(DeviceArg::Auto).unwrap(), Resolved::Cpu);
+    }
+}

@@ -1,0 +1,405 @@
+//! The command line: argument definitions (clap derive) and what each command does.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use burn::module::Module;
+use burn::tensor::backend::AutodiffBackend;
+use clap::{Args, Parser, Subcommand};
+
+use crate::backend::{self, BackendTask, DeviceArg, DeviceInfo};
+use crate::checkpoint::RunDir;
+use crate::config::{Recipe, TrainConfig};
+use crate::data::{Dataset, DeviceSplit, Mnist, Source};
+use crate::model::ModelKind;
+use crate::optim::OptimizerKind;
+use crate::train::{self, EvalStats, Splits};
+
+/// Train and evaluate CNNs on MNIST-format data with burn, the dataset kept on the device.
+#[derive(Debug, Parser)]
+#[command(name = "ember", version, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Train a model with a recipe of the seed benchmarks; every setting can be overridden.
+    Train(TrainArgs),
+    /// Evaluate a saved checkpoint on the test set.
+    Eval(EvalArgs),
+    /// Show the compiled backends and the device a run would use.
+    Info(InfoArgs),
+}
+
+/// Where the data comes from.
+#[derive(Debug, Args)]
+pub struct DataArgs {
+    /// Dataset [default: the recipe's or checkpoint's, mnist].
+    #[arg(long, value_enum)]
+    pub dataset: Option<Dataset>,
+    /// Folder with the dataset's four IDX files (.gz or raw) [default: data/<dataset>].
+    #[arg(long, env = "EMBER_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Never download: a missing file is an error that says where to put it.
+    #[arg(long, env = "EMBER_OFFLINE")]
+    pub offline: bool,
+}
+
+impl DataArgs {
+    fn source(&self, dataset: Dataset) -> Source {
+        Source {
+            dataset,
+            dir: self.data_dir.clone().unwrap_or_else(|| dataset.default_dir()),
+            download: !self.offline,
+        }
+    }
+}
+
+/// `ember train`. Flag names follow PyTorch's MNIST example.
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// Seed run to reproduce; the flags below override its settings.
+    #[arg(long, value_enum, default_value_t = Recipe::PytorchExample)]
+    pub recipe: Recipe,
+    /// Model [default: the recipe's].
+    #[arg(long, value_enum)]
+    pub model: Option<ModelKind>,
+    /// Optimizer [default: the recipe's].
+    #[arg(long, value_enum)]
+    pub optimizer: Option<OptimizerKind>,
+    /// Input batch size for training [pytorch-example: 64, tch: 256, flashlight: 64].
+    #[arg(long)]
+    pub batch_size: Option<usize>,
+    /// Input batch size for testing [default: 1000].
+    #[arg(long)]
+    pub test_batch_size: Option<usize>,
+    /// Number of epochs to train [pytorch-example: 14, tch: 50, flashlight: 100].
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    /// Learning rate [pytorch-example: 1.0, tch: 1e-4, flashlight: 1e-2].
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Learning rate step gamma (StepLR, per epoch) [pytorch-example: 0.7, others: 1.0].
+    #[arg(long)]
+    pub gamma: Option<f64>,
+    /// Epochs between learning rate decays [default: 1].
+    #[arg(long)]
+    pub step_size: Option<usize>,
+    /// L2 weight decay, as torch.optim's weight_decay [default: 0].
+    #[arg(long)]
+    pub weight_decay: Option<f64>,
+    /// Random seed: initial weights, shuffling and dropout [default: 1].
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Hold out the first N training images for validation [flashlight: 5000, others: 0].
+    #[arg(long, value_name = "N")]
+    pub valid_size: Option<usize>,
+    /// Train on the first N training images only (after the validation split).
+    #[arg(long, value_name = "N")]
+    pub limit_train: Option<usize>,
+    /// Print the training loss every N batches (reads it from the device each time).
+    #[arg(long, value_name = "N")]
+    pub log_interval: Option<usize>,
+    /// Write the model checkpoint into the run directory after each epoch (--save-model=false: don't).
+    #[arg(long, default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub save_model: bool,
+    /// Where config and checkpoints go; must not exist or be empty [default: runs/<recipe>-<UTC time>].
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+    /// auto, cpu, cuda or cuda:N [default: auto: the first CUDA device if compiled in and present, else cpu].
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceArg,
+    #[command(flatten)]
+    pub data: DataArgs,
+}
+
+impl TrainArgs {
+    /// The recipe's settings with this command line's overrides.
+    pub fn config(&self) -> TrainConfig {
+        let mut c = self.recipe.config();
+        macro_rules! set {
+            ($($field:ident),*) => {$( if let Some(v) = self.$field { c.$field = v; } )*};
+        }
+        set!(model, batch_size, test_batch_size, epochs, lr, gamma, step_size, seed, valid_size);
+        if let Some(kind) = self.optimizer {
+            c.optimizer = crate::optim::OptimizerConfig::new(kind);
+        }
+        if let Some(wd) = self.weight_decay {
+            c.optimizer.weight_decay = wd;
+        }
+        if let Some(d) = self.data.dataset {
+            c.dataset = d;
+        }
+        c.limit_train = self.limit_train;
+        c
+    }
+}
+
+/// `ember eval`.
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// Run directory written by `ember train` (config.json + model.mpk).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: PathBuf,
+    /// Input batch size for testing [default: the checkpoint's].
+    #[arg(long)]
+    pub test_batch_size: Option<usize>,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceArg,
+    #[command(flatten)]
+    pub data: DataArgs,
+}
+
+/// `ember info`.
+#[derive(Debug, Args)]
+pub struct InfoArgs {
+    /// The --device value to resolve.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceArg,
+}
+
+/// Runs a parsed command line.
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Train(args) => train_command(args),
+        Command::Eval(args) => eval_command(args),
+        Command::Info(args) => info_command(args),
+    }
+}
+
+fn train_command(args: TrainArgs) -> Result<()> {
+    let config = args.config();
+    config.validate()?;
+    // Validate the device before reading data: a wrong --device should fail at once.
+    backend::resolve(args.device)?;
+    let data = Mnist::load(&args.data.source(config.dataset))?;
+    let run = match &args.run_dir {
+        Some(dir) => RunDir::create(dir.clone())?,
+        None => RunDir::fresh_default(config.recipe.name())?,
+    };
+    run.save_config(&config)?;
+    let task = TrainTask {
+        config,
+        data,
+        run,
+        save_model: args.save_model,
+        log_interval: args.log_interval.unwrap_or(0),
+    };
+    backend::dispatch(args.device, task)?
+}
+
+struct TrainTask {
+    config: TrainConfig,
+    data: Mnist,
+    run: RunDir,
+    save_model: bool,
+    log_interval: usize,
+}
+
+impl BackendTask for TrainTask {
+    type Output = Result<()>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
+        let Self { config, data, run, save_model, log_interval } = self;
+        let splits = Splits::<B::InnerBackend>::upload(&data, &config, &device)?;
+        drop(data);
+        let mut model = train::init_model::<B>(&config, &device);
+        let mut optim = config.optimizer.init::<B, _>();
+        println!(
+            "ember train: recipe {}, {} ({} parameters), {} {} train / {} valid / {} test, {info}",
+            config.recipe.name(),
+            config.model.to_possible_value_name(),
+            model.num_params(),
+            config.dataset,
+            splits.train.len(),
+            splits.valid.as_ref().map_or(0, DeviceSplit::len),
+            splits.test.len(),
+        );
+        println!("run directory: {}", run.path.display());
+        let schedule = config.schedule();
+        let mut last_test = None;
+        for epoch in 0..config.epochs {
+            let lr = schedule.lr(epoch);
+            let mut on_step = |s: train::StepInfo| {
+                if let Some(loss) = s.loss {
+                    println!(
+                        "train epoch {} [{}/{} ({:.0}%)] loss {loss:.6}",
+                        s.epoch + 1,
+                        s.seen,
+                        s.total,
+                        100.0 * s.seen as f64 / s.total as f64
+                    );
+                }
+            };
+            let (trained, stats) =
+                train::train_epoch(model, &mut optim, &splits.train, &config, epoch, lr, log_interval, &mut on_step);
+            model = trained;
+            if !stats.loss.is_finite() {
+                anyhow::bail!(
+                    "training loss became {} in epoch {}; lower --lr (now {lr}); the last good checkpoint in {} is kept",
+                    stats.loss,
+                    epoch + 1,
+                    run.path.display()
+                );
+            }
+            let valid = splits
+                .valid
+                .as_ref()
+                .map(|v| train::evaluate_trained(&model, v, config.test_batch_size));
+            let test = train::evaluate_trained(&model, &splits.test, config.test_batch_size);
+            let mut line = format!(
+                "epoch {:>3}/{}  lr {lr:.6}  train loss {:.4}",
+                epoch + 1,
+                config.epochs,
+                stats.loss
+            );
+            if let Some(v) = valid {
+                line += &format!("  valid loss {:.4} accuracy {:.2}%", v.loss, 100.0 * v.accuracy());
+            }
+            line += &format!(
+                "  test loss {:.4} accuracy {}  train {:.1} s  {:.0} img/s  eval {:.1} s",
+                test.loss,
+                accuracy(&test),
+                stats.seconds,
+                stats.images_per_sec(),
+                test.seconds
+            );
+            println!("{line}");
+            if save_model {
+                run.save_model(&model)?;
+            }
+            last_test = Some(test);
+        }
+        if let Some(test) = last_test {
+            let saved = if save_model {
+                format!("  checkpoint in {}", run.path.display())
+            } else {
+                String::new()
+            };
+            println!("final: test loss {:.4}  accuracy {}{saved}", test.loss, accuracy(&test));
+        }
+        Ok(())
+    }
+}
+
+fn accuracy(stats: &EvalStats) -> String {
+    format!("{:.2}% ({}/{})", 100.0 * stats.accuracy(), stats.correct, stats.total)
+}
+
+fn eval_command(args: EvalArgs) -> Result<()> {
+    let run = RunDir::open(&args.checkpoint)?;
+    let mut config = run.load_config()?;
+    if let Some(n) = args.test_batch_size {
+        config.test_batch_size = n;
+    }
+    config.validate()?;
+    let dataset = args.data.dataset.unwrap_or(config.dataset);
+    backend::resolve(args.device)?;
+    let data = Mnist::load(&args.data.source(dataset))?;
+    backend::dispatch(args.device, EvalTask { config, data, run })?
+}
+
+struct EvalTask {
+    config: TrainConfig,
+    data: Mnist,
+    run: RunDir,
+}
+
+impl BackendTask for EvalTask {
+    type Output = Result<()>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
+        let Self { config, data, run } = self;
+        let model = run
+            .load_model::<B::InnerBackend>(&config, &device)
+            .with_context(|| format!("loading the checkpoint in {}", run.path.display()))?;
+        let test = DeviceSplit::<B::InnerBackend>::upload(&data.test, config.normalization, &device);
+        let stats = train::evaluate(&model, &test, config.test_batch_size);
+        println!(
+            "ember eval: {} ({}, {} test), {info}",
+            run.path.display(),
+            config.model.to_possible_value_name(),
+            config.dataset
+        );
+        println!(
+            "test loss {:.4}  accuracy {}  {:.2} s  {:.0} img/s",
+            stats.loss,
+            accuracy(&stats),
+            stats.seconds,
+            stats.images_per_sec()
+        );
+        Ok(())
+    }
+}
+
+fn info_command(args: InfoArgs) -> Result<()> {
+    println!("ember {}", env!("CARGO_PKG_VERSION"));
+    println!("burn 0.21.0");
+    println!("compiled backends: {}", backend::compiled().join(", "));
+    println!("cpu threads: {}", backend::cpu_threads());
+    let resolved = backend::resolve(args.device)?;
+    let device = match resolved {
+        backend::Resolved::Cpu => format!("cpu ({} backend)", backend::CPU_BACKEND),
+        backend::Resolved::Cuda { index, name } => format!("cuda:{index} ({name})"),
+    };
+    println!("--device {} uses: {device}", args.device);
+    Ok(())
+}
+
+/// The kebab-case name clap shows for a value.
+trait PossibleValueName {
+    fn to_possible_value_name(&self) -> String;
+}
+
+impl<T: clap::ValueEnum> PossibleValueName for T {
+    fn to_possible_value_name(&self) -> String {
+        self.to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn flags_override_the_recipe() {
+        let cli = Cli::try_parse_from([
+            "ember", "train", "--recipe", "flashlight", "--epochs", "1", "--lr", "0.05", "--optimizer", "adam",
+            "--weight-decay", "0.01", "--valid-size", "0", "--limit-train", "1000",
+        ])
+        .unwrap();
+        let Command::Train(args) = cli.command else { panic!() };
+        let c = args.config();
+        assert_eq!((c.epochs, c.lr, c.optimizer.kind, c.optimizer.weight_decay), (1, 0.05, OptimizerKind::Adam, 0.01));
+        assert_eq!((c.valid_size, c.limit_train, c.batch_size), (0, Some(1000), 64));
+        assert_eq!(c.model, ModelKind::FlashlightCnn);
+        assert!(args.save_model);
+    }
+
+    #[test]
+    fn save_model_accepts_pytorch_style_and_false() {
+        for (argv, want) in [(&["--save-model"][..], true), (&["--save-model=false"][..], false), (&[][..], true)] {
+            let cli = Cli::try_parse_from(["ember", "train"].iter().chain(argv)).unwrap();
+            let Command::Train(args) = cli.command else { panic!() };
+            assert_eq!(args.save_model, want, "{argv:?}");
+        }
+    }
+
+    #[test]
+    fn unknown_values_are_errors() {
+        assert!(Cli::try_parse_from(["ember", "train", "--recipe", "keras"]).is_err());
+        assert!(Cli::try_parse_from(["ember", "train", "--device", "gpu"]).is_err());
+        assert!(Cli::try_parse_from(["ember", "train", "--dataset", "cifar"]).is_err());
+    }
+}

@@ -1,0 +1,430 @@
+//! MNIST-format datasets: locating, downloading, verifying and parsing their files, and putting
+//! a split on the device once.
+
+pub mod idx;
+mod device;
+mod download;
+
+pub use device::{indices, DeviceSplit, Normalization};
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Side of every image in the supported datasets.
+pub const IMAGE_SIDE: usize = 28;
+/// Pixels per image.
+pub const IMAGE_PIXELS: usize = IMAGE_SIDE * IMAGE_SIDE;
+/// Classes in the supported datasets.
+pub const NUM_CLASSES: usize = 10;
+
+/// Errors from reading datasets; each names the file or directory at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: {reason}", path.display())]
+    Invalid { path: PathBuf, reason: String },
+    #[error("{}: magic number {found} (0x{found:08x}), expected {expected} (0x{expected:08x}); not an IDX file of this kind", path.display())]
+    BadMagic {
+        path: PathBuf,
+        found: u32,
+        expected: u32,
+    },
+    #[error("{}: header {dims:?} needs {expected} bytes of data, the file holds {actual} bytes (truncated or corrupt)", path.display())]
+    Length {
+        path: PathBuf,
+        dims: Vec<usize>,
+        expected: usize,
+        actual: String,
+    },
+    #[error("{}: SHA-256 of the decompressed data is {actual}, expected {expected}; the file is corrupt or not {dataset}'s {file}", path.display())]
+    Checksum {
+        path: PathBuf,
+        dataset: Dataset,
+        file: &'static str,
+        actual: String,
+        expected: &'static str,
+    },
+    #[error("{dataset} files missing in {}: {}\n{}", dir.display(), missing.join(", "), hint)]
+    Missing {
+        dataset: Dataset,
+        dir: PathBuf,
+        missing: Vec<String>,
+        hint: String,
+    },
+}
+
+/// The datasets ember knows: same format, same sizes, different pictures.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Dataset {
+    /// LeCun, Cortes and Burges' handwritten digits.
+    Mnist,
+    /// Zalando's clothing images in MNIST's format.
+    FashionMnist,
+}
+
+impl fmt::Display for Dataset {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One of the four files of a dataset.
+#[derive(Clone, Copy, Debug)]
+pub struct FileSpec {
+    /// File name without `.gz`.
+    pub name: &'static str,
+    /// SHA-256 of the decompressed file.
+    pub sha256: &'static str,
+    pub magic: u32,
+}
+
+impl Dataset {
+    pub fn name(self) -> &'static str {
+        match self {
+            Dataset::Mnist => "mnist",
+            Dataset::FashionMnist => "fashion-mnist",
+        }
+    }
+
+    /// `[train images, train labels, test images, test labels]`, with the SHA-256 of each
+    /// decompressed file (the sums in `../shared/data/*/SHA256SUMS`).
+    pub fn files(self) -> [FileSpec; 4] {
+        let sums = match self {
+            Dataset::Mnist => [
+                "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+                "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+                "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+                "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+            ],
+            Dataset::FashionMnist => [
+                "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+                "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+                "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+                "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+            ],
+        };
+        let names = [
+            ("train-images-idx3-ubyte", idx::IMAGES_MAGIC),
+            ("train-labels-idx1-ubyte", idx::LABELS_MAGIC),
+            ("t10k-images-idx3-ubyte", idx::IMAGES_MAGIC),
+            ("t10k-labels-idx1-ubyte", idx::LABELS_MAGIC),
+        ];
+        std::array::from_fn(|i| FileSpec {
+            name: names[i].0,
+            magic: names[i].1,
+            sha256: sums[i],
+        })
+    }
+
+    /// Mirrors tried in order for `<name>.gz`.
+    pub fn mirrors(self) -> &'static [&'static str] {
+        match self {
+            // torchvision's list: its S3 copy first, LeCun's page second.
+            Dataset::Mnist => &[
+                "https://ossci-datasets.s3.amazonaws.com/mnist/",
+                "http://yann.lecun.com/exdb/mnist/",
+            ],
+            Dataset::FashionMnist => &[
+                "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+            ],
+        }
+    }
+
+    /// The default data directory: `data/<name>`.
+    pub fn default_dir(self) -> PathBuf {
+        Path::new("data").join(self.name())
+    }
+}
+
+/// Images and labels of one split, on the host, as stored: `u8` pixels, row-major 28x28.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Split {
+    pub images: Vec<u8>,
+    pub labels: Vec<u8>,
+}
+
+impl Split {
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// Splits off the first `n` examples: `(first n, rest)`. flashlight's recipe validates on
+    /// the first 5,000 training images.
+    pub fn split_at(mut self, n: usize) -> (Split, Split) {
+        let n = n.min(self.len());
+        let rest = Split {
+            images: self.images.split_off(n * IMAGE_PIXELS),
+            labels: self.labels.split_off(n),
+        };
+        (self, rest)
+    }
+
+    /// Keeps the first `n` examples.
+    pub fn truncate(&mut self, n: usize) {
+        self.images.truncate(n * IMAGE_PIXELS);
+        self.labels.truncate(n);
+    }
+}
+
+/// A dataset's train and test splits.
+#[derive(Clone, Debug)]
+pub struct Mnist {
+    pub train: Split,
+    pub test: Split,
+}
+
+/// How to find a dataset's files.
+#[derive(Clone, Debug)]
+pub struct Source {
+    pub dataset: Dataset,
+    pub dir: PathBuf,
+    /// Download missing files from the mirrors; when false, a missing file is an error.
+    pub download: bool,
+}
+
+impl Mnist {
+    /// Loads both splits from `source.dir`, downloading missing files first when allowed.
+    /// Each file is `<name>.gz` or `<name>`; its decompressed bytes must match the known SHA-256.
+    pub fn load(source: &Source) -> Result<Mnist, DataError> {
+        let paths = locate(source)?;
+        let files = source.dataset.files();
+        let mut parts = Vec::with_capacity(4);
+        for (path, spec) in paths.iter().zip(files) {
+            let parsed = idx::read(path, spec.magic)?;
+            verify(path, source.dataset, &spec, &parsed)?;
+            parts.push((path, parsed));
+        }
+        let mut parts = parts.into_iter();
+        let mut split = || -> Result<Split, DataError> {
+            let (images_path, images) = parts.next().expect("four files");
+            let (labels_path, labels) = parts.next().expect("four files");
+            check_split(images_path, &images, labels_path, &labels)?;
+            Ok(Split {
+                images: images.data,
+                labels: labels.data,
+            })
+        };
+        Ok(Mnist {
+            train: split()?,
+            test: split()?,
+        })
+    }
+}
+
+/// Paths of the four files in `source.dir`, downloading the missing ones when allowed.
+fn locate(source: &Source) -> Result<[PathBuf; 4], DataError> {
+    let files = source.dataset.files();
+    let find = |spec: &FileSpec| {
+        [format!("{}.gz", spec.name), spec.name.to_string()]
+            .into_iter()
+            .map(|n| source.dir.join(n))
+            .find(|p| p.is_file())
+    };
+    let missing: Vec<&FileSpec> = files.iter().filter(|s| find(s).is_none()).collect();
+    if !missing.is_empty() {
+        let names = missing.iter().map(|s| format!("{}.gz", s.name)).collect();
+        let failure = if source.download {
+            match download::fetch(source.dataset, &source.dir, &missing) {
+                Ok(()) => None,
+                Err(reason) => Some(format!("download failed: {reason}")),
+            }
+        } else {
+            Some("downloads are off (--offline)".to_string())
+        };
+        if let Some(failure) = failure {
+            return Err(DataError::Missing {
+                dataset: source.dataset,
+                dir: source.dir.clone(),
+                missing: names,
+                hint: format!(
+                    "{failure}.\nPut those files (from {}) into {}, or point --data-dir (or EMBER_DATA_DIR) at a folder that has them.",
+                    source.dataset.mirrors()[0],
+                    source.dir.display()
+                ),
+            });
+        }
+    }
+    Ok(std::array::from_fn(|i| {
+        find(&files[i]).expect("present or just downloaded")
+    }))
+}
+
+fn verify(path: &Path, dataset: Dataset, spec: &FileSpec, parsed: &idx::Idx) -> Result<(), DataError> {
+    // The sums cover the whole decompressed file, header included.
+    let magic = spec.magic;
+    let mut hasher = Sha256::new();
+    hasher.update(magic.to_be_bytes());
+    for &d in &parsed.dims {
+        hasher.update((d as u32).to_be_bytes());
+    }
+    hasher.update(&parsed.data);
+    let actual = hex(&hasher.finalize());
+    if actual != spec.sha256 {
+        return Err(DataError::Checksum {
+            path: path.to_owned(),
+            dataset,
+            file: spec.name,
+            actual,
+            expected: spec.sha256,
+        });
+    }
+    Ok(())
+}
+
+fn check_split(images_path: &Path, images: &idx::Idx, labels_path: &Path, labels: &idx::Idx) -> Result<(), DataError> {
+    if images.dims[1..] != [IMAGE_SIDE, IMAGE_SIDE] {
+        return Err(DataError::Invalid {
+            path: images_path.to_owned(),
+            reason: format!(
+                "images are {}x{}, expected {IMAGE_SIDE}x{IMAGE_SIDE}",
+                images.dims[1], images.dims[2]
+            ),
+        });
+    }
+    if images.dims[0] != labels.dims[0] {
+        return Err(DataError::Invalid {
+            path: labels_path.to_owned(),
+            reason: format!(
+                "{} labels for {} images in {}",
+                labels.dims[0],
+                images.dims[0],
+                images_path.display()
+            ),
+        });
+    }
+    if let Some((i, &l)) = labels.data.iter().enumerate().find(|(_, &l)| l as usize >= NUM_CLASSES) {
+        return Err(DataError::Invalid {
+            path: labels_path.to_owned(),
+            reason: format!("label {l} at index {i} is not a class 0..{NUM_CLASSES}"),
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// The shared read-only MNIST copy next to the checkout, as CI sees it.
+    pub fn shared_mnist() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mnist")
+    }
+
+    fn write_gz(path: &Path, bytes: &[u8]) {
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(bytes).unwrap();
+        std::fs::write(path, gz.finish().unwrap()).unwrap();
+    }
+
+    #[test]
+    fn loads_real_mnist_with_known_sums() {
+        let data = Mnist::load(&Source {
+            dataset: Dataset::Mnist,
+            dir: shared_mnist(),
+            download: false,
+        })
+        .unwrap();
+        assert_eq!((data.train.len(), data.test.len()), (60_000, 10_000));
+        assert_eq!(data.train.images.len(), 60_000 * IMAGE_PIXELS);
+        // First labels of the training set: 5 0 4 1 9 (LeCun's page, torchvision).
+        assert_eq!(&data.train.labels[..5], &[5, 0, 4, 1, 9]);
+        assert_eq!(&data.test.labels[..3], &[7, 2, 1]);
+    }
+
+    #[test]
+    fn checksum_mismatch_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        for spec in Dataset::Mnist.files() {
+            std::fs::copy(
+                shared_mnist().join(format!("{}.gz", spec.name)),
+                dir.path().join(format!("{}.gz", spec.name)),
+            )
+            .unwrap();
+        }
+        // A well-formed file with one flipped label: parses, but is not MNIST.
+        let labels = dir.path().join("t10k-labels-idx1-ubyte.gz");
+        let mut parsed = idx::read(&labels, idx::LABELS_MAGIC).unwrap();
+        parsed.data[0] = (parsed.data[0] + 1) % 10;
+        write_gz(&labels, &idx::encode(idx::LABELS_MAGIC, &parsed.dims, &parsed.data));
+        let err = Mnist::load(&Source {
+            dataset: Dataset::Mnist,
+            dir: dir.path().to_owned(),
+            download: false,
+        })
+        .unwrap_err();
+        assert!(matches!(err, DataError::Checksum { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains("t10k-labels-idx1-ubyte.gz") && msg.contains("ff7bcfd4"), "{msg}");
+    }
+
+    #[test]
+    fn missing_files_offline_are_listed_with_where_to_put_them() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::copy(
+            shared_mnist().join("t10k-labels-idx1-ubyte.gz"),
+            dir.path().join("t10k-labels-idx1-ubyte.gz"),
+        )
+        .unwrap();
+        let err = Mnist::load(&Source {
+            dataset: Dataset::Mnist,
+            dir: dir.path().to_owned(),
+            download: false,
+        })
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz"), "{msg}");
+        assert!(!msg.contains("t10k-labels"), "{msg}");
+        assert!(msg.contains(&dir.path().display().to_string()), "{msg}");
+        assert!(msg.contains("--data-dir"), "{msg}");
+    }
+
+    #[test]
+    fn raw_files_are_found_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let labels = shared_mnist().join("t10k-labels-idx1-ubyte.gz");
+        let parsed = idx::read(&labels, idx::LABELS_MAGIC).unwrap();
+        std::fs::write(
+            dir.path().join("t10k-labels-idx1-ubyte"),
+            idx::encode(idx::LABELS_MAGIC, &parsed.dims, &parsed.data),
+        )
+        .unwrap();
+        let found = locate(&Source {
+            dataset: Dataset::Mnist,
+            dir: dir.path().to_owned(),
+            download: false,
+        });
+        // The three others are missing, but the raw one was not reported.
+        let msg = found.unwrap_err().to_string();
+        assert!(!msg.contains("t10k-labels"), "{msg}");
+    }
+
+    #[test]
+    fn split_at_keeps_order() {
+        let s = Split {
+            images: (0..3 * IMAGE_PIXELS).map(|i| (i / IMAGE_PIXELS) as u8).collect(),
+            labels: vec![0, 1, 2],
+        };
+        let (a, b) = s.split_at(1);
+        assert_eq!((a.labels, b.labels), (vec![0], vec![1, 2]));
+        assert_eq!(b.images[0], 1);
+    }
+}

@@ -1,0 +1,15 @@
+//! ember: a CNN trainer on burn that keeps the whole dataset on the device and follows
+//! PyTorch's recipes exactly (models, initialisation, optimizers, schedules).
+//!
+//! The binary (`src/main.rs`) only parses arguments; everything it does lives here:
+//! [`cli`] defines and runs the commands, [`train`] holds the one training loop,
+//! [`backend`] the one place concrete backends are named.
+
+pub mod backend;
+pub mod checkpoint;
+pub mod cli;
+pub mod config;
+pub mod data;
+pub mod model;
+pub mod optim;
+pub mod train;

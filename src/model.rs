@@ -1,0 +1,110 @@
+//! The models a run can train, behind one module type so that the training loop, checkpoints
+//! and evaluation are written once.
+
+use burn::module::Module;
+use burn::tensor::{backend::Backend, Tensor};
+use clap::ValueEnum;
+use ember_models::{
+    Classifier, FlashlightCnn, FlashlightCnnConfig, Output, PytorchExampleNet,
+    PytorchExampleNetConfig, TchNet, TchNetConfig,
+};
+use serde::{Deserialize, Serialize};
+
+/// The models of the seed benchmarks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModelKind {
+    /// PyTorch's official MNIST example CNN (1.2M parameters, log_softmax out).
+    PytorchExampleNet,
+    /// The tch-rs variant of it (logits out).
+    TchNet,
+    /// flashlight's MNIST CNN (3.3M parameters, replicate padding).
+    FlashlightCnn,
+}
+
+impl ModelKind {
+    /// A freshly initialised model (PyTorch's default initialisation).
+    pub fn init<B: Backend>(self, device: &B::Device) -> Model<B> {
+        match self {
+            Self::PytorchExampleNet => Model::PytorchExample(PytorchExampleNetConfig::new().init(device)),
+            Self::TchNet => Model::Tch(TchNetConfig::new().init(device)),
+            Self::FlashlightCnn => Model::Flashlight(FlashlightCnnConfig::new().init(device)),
+        }
+    }
+
+    /// Multiply-accumulates of one forward pass over one image, counting convolutions and
+    /// linear layers only (activations, pooling and padding are bandwidth, not FLOPs).
+    /// A training step costs about three forward passes: forward, gradient w.r.t. inputs and
+    /// w.r.t. weights.
+    pub fn forward_macs_per_image(self) -> u64 {
+        let conv = |cout: u64, cin: u64, k: u64, out_side: u64| cout * cin * k * k * out_side * out_side;
+        match self {
+            // conv1 32x1x3x3 at 26x26, conv2 64x32x3x3 at 24x24, fc1 9216x128, fc2 128x10
+            Self::PytorchExampleNet | Self::TchNet => {
+                conv(32, 1, 3, 26) + conv(64, 32, 3, 24) + 9216 * 128 + 128 * 10
+            }
+            // conv1 32x1x5x5 at 28x28, conv2 64x32x5x5 at 14x14, fc1 3136x1024, fc2 1024x10
+            Self::FlashlightCnn => {
+                conv(32, 1, 5, 28) + conv(64, 32, 5, 14) + 3136 * 1024 + 1024 * 10
+            }
+        }
+    }
+}
+
+/// One of [`ModelKind`]'s models.
+#[derive(Module, Debug)]
+pub enum Model<B: Backend> {
+    PytorchExample(PytorchExampleNet<B>),
+    Tch(TchNet<B>),
+    Flashlight(FlashlightCnn<B>),
+}
+
+impl<B: Backend> Model<B> {
+    pub fn kind(&self) -> ModelKind {
+        match self {
+            Self::PytorchExample(_) => ModelKind::PytorchExampleNet,
+            Self::Tch(_) => ModelKind::TchNet,
+            Self::Flashlight(_) => ModelKind::FlashlightCnn,
+        }
+    }
+}
+
+impl<B: Backend> Classifier<B> for Model<B> {
+    fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
+        match self {
+            Self::PytorchExample(m) => m.forward(images),
+            Self::Tch(m) => m.forward(images),
+            Self::Flashlight(m) => m.forward(images),
+        }
+    }
+
+    fn output(&self) -> Output {
+        match self {
+            Self::PytorchExample(m) => m.output(),
+            Self::Tch(m) => m.output(),
+            Self::Flashlight(m) => m.output(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::NdArray;
+
+    #[test]
+    fn kinds_build_their_models() {
+        let device = Default::default();
+        for kind in ModelKind::value_variants() {
+            assert_eq!(kind.init::<NdArray>(&device).kind(), *kind);
+        }
+    }
+
+    #[test]
+    fn mac_counts() {
+        // 194,688 + 10,616,832 + 1,179,648 + 1,280
+        assert_eq!(ModelKind::PytorchExampleNet.forward_macs_per_image(), 11_992_448);
+        // 627,200 + 10,035,200 + 3,211,264 + 10,240
+        assert_eq!(ModelKind::FlashlightCnn.forward_macs_per_image(), 13_883_904);
+    }
+}

@@ -1,0 +1,195 @@
+//! Optimizers and learning-rate schedules with PyTorch's semantics, operation for operation.
+//!
+//! burn has no Adadelta, and its Adam defaults differ from PyTorch's (epsilon 1e-5 vs 1e-8), so
+//! ember carries one [`SimpleOptimizer`] that follows `torch.optim`'s single-tensor code paths
+//! for SGD, Adam and Adadelta. One state record type serves all three, so checkpoints and resume
+//! do not depend on which rule a recipe picked.
+
+mod schedule;
+
+pub use schedule::StepLr;
+
+use burn::module::AutodiffModule;
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{LearningRate, SimpleOptimizer};
+use burn::record::Record;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::Tensor;
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+
+/// The update rules ember implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OptimizerKind {
+    /// torch.optim.SGD without momentum, dampening or Nesterov.
+    Sgd,
+    /// torch.optim.Adam (betas 0.9, 0.999; eps 1e-8).
+    Adam,
+    /// torch.optim.Adadelta (rho 0.9, eps 1e-6).
+    Adadelta,
+}
+
+/// Hyper-parameters of one optimizer, PyTorch's defaults unless set.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct OptimizerConfig {
+    pub kind: OptimizerKind,
+    /// L2 penalty added to the gradient, as `torch.optim`'s `weight_decay`.
+    pub weight_decay: f64,
+    /// Adam's `betas`.
+    pub betas: (f64, f64),
+    /// Adadelta's `rho`.
+    pub rho: f64,
+    /// Adam's or Adadelta's `eps`; `None` takes PyTorch's default for the rule.
+    pub eps: Option<f64>,
+}
+
+impl OptimizerConfig {
+    pub fn new(kind: OptimizerKind) -> Self {
+        Self {
+            kind,
+            weight_decay: 0.0,
+            betas: (0.9, 0.999),
+            rho: 0.9,
+            eps: None,
+        }
+    }
+
+    pub fn eps(&self) -> f64 {
+        self.eps.unwrap_or(match self.kind {
+            OptimizerKind::Sgd => 0.0,
+            OptimizerKind::Adam => 1e-8,
+            OptimizerKind::Adadelta => 1e-6,
+        })
+    }
+
+    pub fn build(&self) -> TorchOptim {
+        TorchOptim {
+            kind: self.kind,
+            weight_decay: self.weight_decay,
+            betas: self.betas,
+            rho: self.rho,
+            eps: self.eps(),
+        }
+    }
+
+    /// The optimizer for a whole module, stepping every parameter.
+    pub fn init<B: AutodiffBackend, M: AutodiffModule<B>>(&self) -> Optimizer<M, B> {
+        OptimizerAdaptor::from(self.build())
+    }
+}
+
+/// ember's optimizer over a module `M`.
+pub type Optimizer<M, B> = OptimizerAdaptor<TorchOptim, M, B>;
+
+/// One of `torch.optim`'s update rules, applied per parameter tensor.
+#[derive(Clone, Debug)]
+pub struct TorchOptim {
+    kind: OptimizerKind,
+    weight_decay: f64,
+    betas: (f64, f64),
+    rho: f64,
+    eps: f64,
+}
+
+/// Per-parameter state. For Adam `first`/`second` are `exp_avg`/`exp_avg_sq`; for Adadelta
+/// `square_avg`/`acc_delta`; SGD keeps only the step count.
+#[derive(Record, Clone)]
+pub struct TorchOptimState<B: Backend, const D: usize> {
+    pub step: usize,
+    pub first: Option<Tensor<B, D>>,
+    pub second: Option<Tensor<B, D>>,
+}
+
+impl<B: Backend> SimpleOptimizer<B> for TorchOptim {
+    type State<const D: usize> = TorchOptimState<B, D>;
+
+    fn step<const D: usize>(
+        &self,
+        lr: LearningRate,
+        param: Tensor<B, D>,
+        mut grad: Tensor<B, D>,
+        state: Option<Self::State<D>>,
+    ) -> (Tensor<B, D>, Option<Self::State<D>>) {
+        if self.weight_decay != 0.0 {
+            grad = grad.add(param.clone().mul_scalar(self.weight_decay));
+        }
+        // torch.optim creates its buffers as zeros on the first step.
+        let zeros = || param.zeros_like();
+        let step = state.as_ref().map_or(0, |s| s.step) + 1;
+        let (first, second) = match state {
+            Some(TorchOptimState {
+                first: Some(f),
+                second: Some(s),
+                ..
+            }) => (f, s),
+            _ => (zeros(), zeros()),
+        };
+        match self.kind {
+            OptimizerKind::Sgd => {
+                // param.add_(grad, alpha=-lr)
+                let param = param.add(grad.mul_scalar(-lr));
+                let state = TorchOptimState { step, first: None, second: None };
+                (param, Some(state))
+            }
+            OptimizerKind::Adam => {
+                let (beta1, beta2) = self.betas;
+                // exp_avg.lerp_(grad, 1 - beta1): weight < 0.5 takes the `self + w * (end - self)` branch.
+                let exp_avg = first.clone().add(grad.clone().sub(first).mul_scalar(1.0 - beta1));
+                // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                let exp_avg_sq = second
+                    .mul_scalar(beta2)
+                    .add(grad.clone().mul_scalar(1.0 - beta2).mul(grad));
+                let bias_correction1 = 1.0 - beta1.powi(step as i32);
+                let bias_correction2 = 1.0 - beta2.powi(step as i32);
+                let step_size = lr / bias_correction1;
+                let denom = exp_avg_sq
+                    .clone()
+                    .sqrt()
+                    .div_scalar(bias_correction2.sqrt())
+                    .add_scalar(self.eps);
+                // param.addcdiv_(exp_avg, denom, value=-step_size)
+                let param = param.add(exp_avg.clone().mul_scalar(-step_size).div(denom));
+                let state = TorchOptimState {
+                    step,
+                    first: Some(exp_avg),
+                    second: Some(exp_avg_sq),
+                };
+                (param, Some(state))
+            }
+            OptimizerKind::Adadelta => {
+                let rho = self.rho;
+                // square_avg.mul_(rho).addcmul_(grad, grad, value=1 - rho)
+                let square_avg = first
+                    .mul_scalar(rho)
+                    .add(grad.clone().mul_scalar(1.0 - rho).mul(grad.clone()));
+                let std = square_avg.clone().add_scalar(self.eps).sqrt();
+                // delta = acc_delta.add(eps).sqrt_().div_(std).mul_(grad)
+                let delta = second.clone().add_scalar(self.eps).sqrt().div(std).mul(grad);
+                // acc_delta.mul_(rho).addcmul_(delta, delta, value=1 - rho)
+                let acc_delta = second
+                    .mul_scalar(rho)
+                    .add(delta.clone().mul_scalar(1.0 - rho).mul(delta.clone()));
+                // param.add_(delta, alpha=-lr)
+                let param = param.add(delta.mul_scalar(-lr));
+                let state = TorchOptimState {
+                    step,
+                    first: Some(square_avg),
+                    second: Some(acc_delta),
+                };
+                (param, Some(state))
+            }
+        }
+    }
+
+    fn to_device<const D: usize>(state: Self::State<D>, device: &B::Device) -> Self::State<D> {
+        TorchOptimState {
+            step: state.step,
+            first: state.first.map(|t| t.to_device(device)),
+            second: state.second.map(|t| t.to_device(device)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

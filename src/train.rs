@@ -1,0 +1,288 @@
+//! The training loop, written once for every model and backend.
+//!
+//! The whole dataset is uploaded to the device before the first step. Each epoch draws an index
+//! permutation from `(seed, epoch)` on the host (a few hundred KB), uploads it, and gathers each
+//! batch on the device with `select`; no image crosses the host-device boundary after start-up.
+//! Losses and accuracy counts accumulate on the device and are read once per epoch, so the
+//! device is only synchronised where a number is reported.
+
+use std::time::Instant;
+
+use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::optim::{GradientsParams, Optimizer as _};
+use burn::tensor::activation::log_softmax;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Int, Tensor};
+use ember_models::{Classifier, Output};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+use crate::config::{ConfigError, TrainConfig};
+use crate::data::{indices, DeviceSplit, Mnist};
+use crate::model::Model;
+use crate::optim::Optimizer;
+
+/// Mean negative log-likelihood of `targets` under the model's output; cross-entropy when the
+/// output is logits. Matches `F.nll_loss` / `F.cross_entropy` with `reduction="mean"`.
+///
+/// # Shapes
+/// - `output`: `[batch, classes]`
+/// - `targets`: `[batch]`
+/// - returns `[1]`
+pub fn loss<B: Backend>(output: Tensor<B, 2>, kind: Output, targets: Tensor<B, 1, Int>) -> Tensor<B, 1> {
+    let batch = targets.dims()[0];
+    nll_sum(output, kind, targets).div_scalar(batch as f64)
+}
+
+/// Summed negative log-likelihood, `[1]`.
+fn nll_sum<B: Backend>(output: Tensor<B, 2>, kind: Output, targets: Tensor<B, 1, Int>) -> Tensor<B, 1> {
+    let log_probs = match kind {
+        Output::LogProbs => output,
+        Output::Logits => log_softmax(output, 1),
+    };
+    log_probs.gather(1, targets.unsqueeze_dim(1)).sum().neg()
+}
+
+/// The train/valid/test splits of a run, on the device (inner backend: no autodiff graph).
+pub struct Splits<B: Backend> {
+    pub train: DeviceSplit<B>,
+    pub valid: Option<DeviceSplit<B>>,
+    pub test: DeviceSplit<B>,
+}
+
+impl<B: Backend> Splits<B> {
+    /// Holds out the first `valid_size` training images, keeps `limit_train` of the rest, and
+    /// uploads all three splits.
+    pub fn upload(data: &Mnist, config: &TrainConfig, device: &B::Device) -> Result<Self, ConfigError> {
+        let (valid, mut train) = data.train.clone().split_at(config.valid_size);
+        if train.is_empty() {
+            return Err(ConfigError::NoTrainingData {
+                valid: config.valid_size,
+                train: data.train.len(),
+            });
+        }
+        if let Some(n) = config.limit_train {
+            train.truncate(n);
+        }
+        let norm = config.normalization;
+        Ok(Self {
+            train: DeviceSplit::upload(&train, norm, device),
+            valid: (!valid.is_empty()).then(|| DeviceSplit::upload(&valid, norm, device)),
+            test: DeviceSplit::upload(&data.test, norm, device),
+        })
+    }
+}
+
+/// A seed for epoch `epoch` of a run seeded `seed` (SplitMix64 of both), so that an epoch's
+/// shuffle and dropout masks depend only on the run's seed and the epoch number: a resumed run
+/// draws what an uninterrupted one would.
+pub fn epoch_seed(seed: u64, epoch: usize) -> u64 {
+    let mut z = seed ^ (epoch as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The order in which epoch `epoch` visits `len` training examples.
+pub fn epoch_permutation(seed: u64, epoch: usize, len: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..len).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(epoch_seed(seed, epoch)));
+    order
+}
+
+/// A new model for `config`, its parameters drawn from `config.seed`.
+pub fn init_model<B: Backend>(config: &TrainConfig, device: &B::Device) -> Model<B> {
+    B::seed(device, config.seed);
+    let model = config.model.init::<B>(device);
+    // burn draws parameters lazily, on first use; drawing them now keeps the initial weights
+    // independent of whatever random numbers the first forward pass consumes (dropout).
+    model.visit(&mut Materialize);
+    model
+}
+
+struct Materialize;
+
+impl<B: Backend> ModuleVisitor<B> for Materialize {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        let _ = param.val();
+    }
+}
+
+/// Where a training step stands, for progress reporting.
+#[derive(Clone, Copy, Debug)]
+pub struct StepInfo {
+    /// 0-based epoch.
+    pub epoch: usize,
+    /// 1-based step within the epoch.
+    pub step: usize,
+    pub steps: usize,
+    /// Training examples seen so far this epoch.
+    pub seen: usize,
+    pub total: usize,
+    /// This step's loss, read from the device only when the caller asked for it.
+    pub loss: Option<f64>,
+}
+
+/// Outcome of one training epoch.
+#[derive(Clone, Copy, Debug)]
+pub struct EpochStats {
+    /// Mean of the per-batch mean losses.
+    pub loss: f64,
+    pub steps: usize,
+    pub images: usize,
+    /// Wall time of the epoch's steps, device synchronised at the end.
+    pub seconds: f64,
+}
+
+impl EpochStats {
+    pub fn images_per_sec(&self) -> f64 {
+        self.images as f64 / self.seconds
+    }
+}
+
+/// Trains `model` for one epoch at learning rate `lr`.
+///
+/// `loss_every`: read the loss back every this many steps and pass it to `on_step` (a device
+/// sync each time); 0 never reads it mid-epoch.
+pub fn train_epoch<B: AutodiffBackend>(
+    mut model: Model<B>,
+    optim: &mut Optimizer<Model<B>, B>,
+    train: &DeviceSplit<B::InnerBackend>,
+    config: &TrainConfig,
+    epoch: usize,
+    lr: f64,
+    loss_every: usize,
+    on_step: &mut dyn FnMut(StepInfo),
+) -> (Model<B>, EpochStats) {
+    let device = train.images.device();
+    let start = Instant::now();
+    let len = train.len();
+    // Dropout draws from the backend's generator; `Autodiff` forwards seeding to its inner backend.
+    B::InnerBackend::seed(&device, epoch_seed(config.seed, epoch) ^ 1);
+    let order = indices::<B::InnerBackend>(&epoch_permutation(config.seed, epoch, len), &device);
+    let steps = len.div_ceil(config.batch_size);
+    let kind = model.output();
+    let mut loss_sum = Tensor::<B::InnerBackend, 1>::zeros([1], &device);
+    for step in 0..steps {
+        let begin = step * config.batch_size;
+        let end = (begin + config.batch_size).min(len);
+        let (images, targets) = train.gather(order.clone().slice(begin..end));
+        let output = model.forward(Tensor::from_inner(images));
+        let batch_loss = loss(output, kind, Tensor::from_inner(targets));
+        let grads = GradientsParams::from_grads(batch_loss.backward(), &model);
+        model = optim.step(lr, model, grads);
+        let batch_loss = batch_loss.inner();
+        let read = loss_every > 0 && ((step + 1) % loss_every == 0 || step + 1 == steps);
+        on_step(StepInfo {
+            epoch,
+            step: step + 1,
+            steps,
+            seen: end,
+            total: len,
+            loss: read.then(|| scalar(batch_loss.clone())),
+        });
+        loss_sum = loss_sum + batch_loss;
+    }
+    let loss = scalar(loss_sum) / steps as f64;
+    let stats = EpochStats {
+        loss,
+        steps,
+        images: len,
+        seconds: start.elapsed().as_secs_f64(),
+    };
+    (model, stats)
+}
+
+/// Test-set style evaluation.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EvalStats {
+    /// Mean negative log-likelihood per example.
+    pub loss: f64,
+    pub correct: usize,
+    pub total: usize,
+    pub seconds: f64,
+}
+
+impl EvalStats {
+    pub fn accuracy(&self) -> f64 {
+        self.correct as f64 / self.total as f64
+    }
+
+    pub fn images_per_sec(&self) -> f64 {
+        self.total as f64 / self.seconds
+    }
+}
+
+/// Evaluates `model` (no autodiff) on `split` in batches of `batch_size`, as the PyTorch
+/// example's `test()`: summed NLL over the split divided by its size, and argmax accuracy.
+pub fn evaluate<B: Backend>(model: &Model<B>, split: &DeviceSplit<B>, batch_size: usize) -> EvalStats {
+    let start = Instant::now();
+    let device = split.images.device();
+    let len = split.len();
+    let kind = model.output();
+    let mut loss_sum = Tensor::<B, 1>::zeros([1], &device);
+    let mut correct = Tensor::<B, 1, Int>::zeros([1], &device);
+    for begin in (0..len).step_by(batch_size) {
+        let end = (begin + batch_size).min(len);
+        let (images, targets) = split.range(begin, end);
+        let output = model.forward(images);
+        let predicted = output.clone().argmax(1).squeeze_dim::<1>(1);
+        correct = correct + predicted.equal(targets.clone()).int().sum();
+        loss_sum = loss_sum + nll_sum(output, kind, targets);
+    }
+    let correct = correct.into_scalar();
+    let loss = scalar(loss_sum) / len as f64;
+    EvalStats {
+        loss,
+        correct: burn::tensor::ElementConversion::elem::<i64>(correct) as usize,
+        total: len,
+        seconds: start.elapsed().as_secs_f64(),
+    }
+}
+
+/// Reads a one-element tensor (a device sync).
+fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
+    burn::tensor::ElementConversion::elem::<f64>(t.into_scalar())
+}
+
+/// Evaluates an autodiff model without building a graph.
+pub fn evaluate_trained<B: AutodiffBackend>(
+    model: &Model<B>,
+    split: &DeviceSplit<B::InnerBackend>,
+    batch_size: usize,
+) -> EvalStats {
+    evaluate(&model.valid(), split, batch_size)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::backend::NdArray;
+    use burn::tensor::TensorData;
+
+    type TB = NdArray<f32>;
+
+    #[test]
+    fn nll_and_cross_entropy_match_pytorch() {
+        // torch.nn.functional.cross_entropy(torch.tensor([[1., 2., 3.], [1., -1., 0.]]),
+        //                                   torch.tensor([2, 0])).item() = 0.40760600566864014
+        let device = Default::default();
+        let logits = Tensor::<TB, 2>::from_data(TensorData::new(vec![1f32, 2., 3., 1., -1., 0.], [2, 3]), &device);
+        let targets = Tensor::<TB, 1, Int>::from_data(TensorData::new(vec![2i64, 0], [2]).convert::<i32>(), &device);
+        let ce = scalar(loss(logits.clone(), Output::Logits, targets.clone()));
+        assert!((ce - 0.407_606_005_668_640_14).abs() < 1e-6, "{ce}");
+        let nll = scalar(loss(log_softmax(logits, 1), Output::LogProbs, targets));
+        assert!((nll - ce).abs() < 1e-7);
+    }
+
+    #[test]
+    fn permutations_are_seeded_per_epoch() {
+        let a = epoch_permutation(1, 0, 1000);
+        assert_eq!(a, epoch_permutation(1, 0, 1000));
+        assert_ne!(a, epoch_permutation(1, 1, 1000));
+        assert_ne!(a, epoch_permutation(2, 0, 1000));
+        let mut sorted = a.clone();
+        sorted.sort();
+        assert_eq!(sorted, (0..1000).collect::<Vec<_>>());
+    }
+}

@@ -1,0 +1,202 @@
+//! The `ember` binary as a user runs it: help, bad values, missing or corrupt data, and a
+//! train → eval round trip on real MNIST.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use predicates::prelude::*;
+
+fn ember() -> Command {
+    let mut cmd = Command::cargo_bin("ember").unwrap();
+    // Tests never reach the network; a user's own setting must not leak in either.
+    cmd.env("EMBER_OFFLINE", "true").env_remove("EMBER_DATA_DIR");
+    cmd
+}
+
+fn shared_mnist() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mnist")
+}
+
+const FILES: [&str; 4] = [
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+];
+
+/// A copy of MNIST in a temporary folder whose `broken` file holds `bytes`.
+fn mnist_with(broken: &str, bytes: &[u8]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in FILES {
+        std::fs::copy(shared_mnist().join(f), dir.path().join(f)).unwrap();
+    }
+    std::fs::write(dir.path().join(broken), bytes).unwrap();
+    dir
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(bytes).unwrap();
+    gz.finish().unwrap()
+}
+
+/// Asserts a failed run printed exactly one line, `Error: ...` containing every `needle`.
+fn assert_one_line_error(output: &std::process::Output, needles: &[&str]) {
+    assert!(!output.status.success());
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "expected one line, got:\n{stderr}");
+    assert!(stderr.starts_with("Error: "), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    for n in needles {
+        assert!(stderr.contains(n), "missing {n:?} in:\n{stderr}");
+    }
+}
+
+#[test]
+fn help_lists_the_commands() {
+    ember()
+        .arg("--help")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("train").and(predicate::str::contains("eval")).and(predicate::str::contains("info")));
+    ember()
+        .args(["train", "--help"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("--batch-size").and(predicate::str::contains("--test-batch-size")).and(predicate::str::contains("--log-interval")));
+}
+
+#[test]
+fn unknown_recipe_is_an_error() {
+    ember()
+        .args(["train", "--recipe", "keras"])
+        .assert()
+        .failure()
+        .code(2)
+        .stderr(predicate::str::contains("invalid value 'keras'").and(predicate::str::contains("pytorch-example")));
+}
+
+#[test]
+fn info_names_backend_and_device() {
+    ember()
+        .args(["info", "--device", "cpu"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("compiled backends: flex").and(predicate::str::contains("uses: cpu")));
+}
+
+#[cfg(not(feature = "cuda"))]
+#[test]
+fn cuda_device_without_cuda_build_is_one_clear_error() {
+    let out = ember().args(["train", "--device", "cuda"]).output().unwrap();
+    assert_one_line_error(&out, &["--device cuda:0", "--features cuda"]);
+}
+
+#[test]
+fn missing_data_offline_says_what_to_put_where() {
+    let empty = tempfile::tempdir().unwrap();
+    let out = ember()
+        .args(["train", "--epochs", "1", "--data-dir"])
+        .arg(empty.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for f in FILES {
+        assert!(stderr.contains(f), "{stderr}");
+    }
+    assert!(stderr.contains(&empty.path().display().to_string()), "{stderr}");
+    assert!(stderr.contains("--offline") && stderr.contains("--data-dir"), "{stderr}");
+}
+
+#[test]
+fn garbage_idx_file_is_a_one_line_error_naming_it() {
+    let dir = mnist_with("train-labels-idx1-ubyte.gz", b"<html>404 not found</html>");
+    let out = ember().args(["train", "--epochs", "1", "--data-dir"]).arg(dir.path()).output().unwrap();
+    assert_one_line_error(&out, &["train-labels-idx1-ubyte.gz", "gzip"]);
+}
+
+#[test]
+fn truncated_idx_file_is_a_one_line_error_naming_it() {
+    // A well-formed gzip of an IDX file cut short: the header promises 10,000 labels.
+    let full = flate2::read::GzDecoder::new(std::fs::File::open(shared_mnist().join("t10k-labels-idx1-ubyte.gz")).unwrap());
+    let mut raw = Vec::new();
+    std::io::Read::read_to_end(&mut { full }, &mut raw).unwrap();
+    let dir = mnist_with("t10k-labels-idx1-ubyte.gz", &gzip(&raw[..5000]));
+    let out = ember().args(["train", "--epochs", "1", "--data-dir"]).arg(dir.path()).output().unwrap();
+    assert_one_line_error(&out, &["t10k-labels-idx1-ubyte.gz", "10000 bytes", "4992 bytes", "truncated"]);
+
+    // An image file whose header is all that is left.
+    let dir = mnist_with("t10k-images-idx3-ubyte.gz", &gzip(&[0, 0, 8, 3, 0, 0]));
+    let out = ember().args(["train", "--epochs", "1", "--data-dir"]).arg(dir.path()).output().unwrap();
+    assert_one_line_error(&out, &["t10k-images-idx3-ubyte.gz", "header"]);
+}
+
+#[test]
+fn labels_in_place_of_images_are_named() {
+    let labels = std::fs::read(shared_mnist().join("t10k-labels-idx1-ubyte.gz")).unwrap();
+    let dir = mnist_with("t10k-images-idx3-ubyte.gz", &labels);
+    let out = ember().args(["train", "--epochs", "1", "--data-dir"]).arg(dir.path()).output().unwrap();
+    assert_one_line_error(&out, &["t10k-images-idx3-ubyte.gz", "magic number 2049", "expected 2051"]);
+}
+
+#[test]
+fn eval_of_a_folder_without_checkpoint_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = ember().args(["eval", "--checkpoint"]).arg(dir.path()).output().unwrap();
+    assert_one_line_error(&out, &["not a checkpoint"]);
+}
+
+/// `(loss, accuracy)` as printed after "test loss " on the last line that has them.
+fn test_result(stdout: &str) -> (String, String) {
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.contains("test loss ") && l.contains("accuracy "))
+        .unwrap_or_else(|| panic!("no test result in:\n{stdout}"));
+    let after = |key: &str| line[line.find(key).unwrap() + key.len()..].to_string();
+    let loss = after("test loss ").split_whitespace().next().unwrap().to_string();
+    let accuracy = after("accuracy ").split(')').next().unwrap().to_string() + ")";
+    (loss, accuracy)
+}
+
+#[test]
+fn eval_reproduces_the_accuracy_training_printed() {
+    let runs = tempfile::tempdir().unwrap();
+    let run_dir = runs.path().join("run");
+    let train = ember()
+        .args(["train", "--recipe", "tch", "--epochs", "1", "--limit-train", "512", "--device", "cpu", "--data-dir"])
+        .arg(shared_mnist())
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&train.stdout);
+    assert!(train.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&train.stderr));
+    let eval = ember()
+        .args(["eval", "--device", "cpu", "--data-dir"])
+        .arg(shared_mnist())
+        .arg("--checkpoint")
+        .arg(&run_dir)
+        .output()
+        .unwrap();
+    let eval_out = String::from_utf8_lossy(&eval.stdout);
+    assert!(eval.status.success(), "{eval_out}\n{}", String::from_utf8_lossy(&eval.stderr));
+    let trained = test_result(&stdout);
+    let evaluated = test_result(&eval_out);
+    assert!(evaluated.1.ends_with("/10000)"), "{evaluated:?}");
+    assert_eq!(trained, evaluated, "train printed:\n{stdout}\neval printed:\n{eval_out}");
+
+    // A second run into the same directory is refused; the first run's files stay.
+    let again = ember()
+        .args(["train", "--epochs", "1", "--limit-train", "64", "--data-dir"])
+        .arg(shared_mnist())
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .output()
+        .unwrap();
+    assert_one_line_error(&again, &["already exists"]);
+    assert!(run_dir.join("model.mpk").is_file());
+}

@@ -1,0 +1,52 @@
+//! Trains on real MNIST (`../shared/data/mnist`) with the default CPU backend and checks the
+//! accuracy on the full 10,000-image test set, then that a checkpoint reloads to the same result.
+
+use std::path::Path;
+
+use burn::backend::Autodiff;
+use ember::backend::Cpu;
+use ember::checkpoint::RunDir;
+use ember::config::Recipe;
+use ember::data::{Dataset, Mnist, Source};
+use ember::train::{evaluate, evaluate_trained, init_model, train_epoch, Splits};
+
+#[test]
+fn one_epoch_on_20k_images_reaches_97_percent_and_reloads_identically() {
+    let data = Mnist::load(&Source {
+        dataset: Dataset::Mnist,
+        dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mnist"),
+        download: false,
+    })
+    .unwrap();
+    let mut config = Recipe::PytorchExample.config();
+    config.epochs = 1;
+    config.limit_train = Some(20_000);
+    let device = Default::default();
+    let splits = Splits::<Cpu>::upload(&data, &config, &device).unwrap();
+    assert_eq!((splits.train.len(), splits.test.len()), (20_000, 10_000));
+
+    let model = init_model::<Autodiff<Cpu>>(&config, &device);
+    let mut optim = config.optimizer.init();
+    let (model, stats) = train_epoch(model, &mut optim, &splits.train, &config, 0, config.lr, 0, &mut |_| {});
+    assert_eq!(stats.steps, 313);
+    let test = evaluate_trained(&model, &splits.test, config.test_batch_size);
+    eprintln!(
+        "20k images, 1 epoch: train loss {:.4}, test loss {:.4}, accuracy {:.2}%, {:.1} s ({:.0} img/s)",
+        stats.loss,
+        test.loss,
+        100.0 * test.accuracy(),
+        stats.seconds,
+        stats.images_per_sec()
+    );
+    assert_eq!(test.total, 10_000);
+    assert!(test.accuracy() >= 0.97, "test accuracy {:.2}% < 97%", 100.0 * test.accuracy());
+    assert!(test.loss < 0.12, "test loss {}", test.loss);
+
+    let dir = tempfile::tempdir().unwrap();
+    let run = RunDir::create(dir.path().join("run")).unwrap();
+    run.save_config(&config).unwrap();
+    run.save_model(&model).unwrap();
+    let reloaded = run.load_model::<Cpu>(&run.load_config().unwrap(), &device).unwrap();
+    let again = evaluate(&reloaded, &splits.test, config.test_batch_size);
+    assert_eq!((again.correct, again.loss), (test.correct, test.loss));
+}
