@@ -29,6 +29,8 @@ pub enum Command {
     Train(TrainArgs),
     /// Evaluate a saved checkpoint on the test set.
     Eval(EvalArgs),
+    /// Convert a PyTorch state_dict (`torch.save(model.state_dict(), PATH)`) into a checkpoint.
+    Import(ImportArgs),
     /// Show the compiled backends and the device a run would use.
     Info(InfoArgs),
 }
@@ -153,6 +155,35 @@ pub struct EvalArgs {
     pub data: DataArgs,
 }
 
+/// Formats `ember import` reads.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum ImportFormat {
+    /// A `torch.save`d state_dict (.pt/.pth), read without libtorch.
+    Pytorch,
+}
+
+/// `ember import`.
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    /// Format of FILE.
+    #[arg(long, value_enum)]
+    pub from: ImportFormat,
+    /// The file to convert.
+    pub file: PathBuf,
+    /// The model whose state_dict FILE holds (its parameter names and shapes must match).
+    #[arg(long, value_enum)]
+    pub model: ModelKind,
+    /// Recipe whose settings (data normalisation, batch sizes) the checkpoint records [default: the model's].
+    #[arg(long, value_enum)]
+    pub recipe: Option<Recipe>,
+    /// Dataset the checkpoint is evaluated on [default: mnist].
+    #[arg(long, value_enum)]
+    pub dataset: Option<Dataset>,
+    /// Checkpoint directory to create (must not exist or be empty).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+}
+
 /// `ember info`.
 #[derive(Debug, Args)]
 pub struct InfoArgs {
@@ -166,8 +197,31 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train(args) => train_command(args),
         Command::Eval(args) => eval_command(args),
+        Command::Import(args) => import_command(args),
         Command::Info(args) => info_command(args),
     }
+}
+
+fn import_command(args: ImportArgs) -> Result<()> {
+    let ImportFormat::Pytorch = args.from;
+    let mut config = args.recipe.unwrap_or(args.model.recipe()).config();
+    config.model = args.model;
+    if let Some(d) = args.dataset {
+        config.dataset = d;
+    }
+    let device = Default::default();
+    let model = crate::import::from_pytorch_file::<backend::Cpu>(args.model, &args.file, &device)?;
+    let run = RunDir::create(args.out.clone())?;
+    run.save_config(&config)?;
+    run.save_model(&model)?;
+    println!(
+        "imported {} ({}, {} parameters) into {}",
+        args.file.display(),
+        args.model.name(),
+        model.num_params(),
+        run.path.display()
+    );
+    Ok(())
 }
 
 fn train_command(args: TrainArgs) -> Result<()> {
@@ -211,7 +265,7 @@ impl BackendTask for TrainTask {
         println!(
             "ember train: recipe {}, {} ({} parameters), {} {} train / {} valid / {} test, {info}",
             config.recipe.name(),
-            config.model.to_possible_value_name(),
+            config.model.name(),
             model.num_params(),
             config.dataset,
             splits.train.len(),
@@ -321,7 +375,7 @@ impl BackendTask for EvalTask {
         println!(
             "ember eval: {} ({}, {} test), {info}",
             run.path.display(),
-            config.model.to_possible_value_name(),
+            config.model.name(),
             config.dataset
         );
         println!(
@@ -347,19 +401,6 @@ fn info_command(args: InfoArgs) -> Result<()> {
     };
     println!("--device {} uses: {device}", args.device);
     Ok(())
-}
-
-/// The kebab-case name clap shows for a value.
-trait PossibleValueName {
-    fn to_possible_value_name(&self) -> String;
-}
-
-impl<T: clap::ValueEnum> PossibleValueName for T {
-    fn to_possible_value_name(&self) -> String {
-        self.to_possible_value()
-            .map(|v| v.get_name().to_string())
-            .unwrap_or_default()
-    }
 }
 
 #[cfg(test)]

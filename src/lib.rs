@@ -10,6 +10,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod config;
 pub mod data;
+pub mod import;
 pub mod model;
 pub mod optim;
 pub mod train;

@@ -15,10 +15,13 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "kebab-case")]
 pub enum ModelKind {
     /// PyTorch's official MNIST example CNN (1.2M parameters, log_softmax out).
+    #[value(alias = "pytorch-example")]
     PytorchExampleNet,
     /// The tch-rs variant of it (logits out).
+    #[value(alias = "tch")]
     TchNet,
     /// flashlight's MNIST CNN (3.3M parameters, replicate padding).
+    #[value(alias = "flashlight")]
     FlashlightCnn,
 }
 
@@ -29,6 +32,36 @@ impl ModelKind {
             Self::PytorchExampleNet => Model::PytorchExample(PytorchExampleNetConfig::new().init(device)),
             Self::TchNet => Model::Tch(TchNetConfig::new().init(device)),
             Self::FlashlightCnn => Model::Flashlight(FlashlightCnnConfig::new().init(device)),
+        }
+    }
+
+    /// The name used on the command line and in `config.json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::PytorchExampleNet => "pytorch-example-net",
+            Self::TchNet => "tch-net",
+            Self::FlashlightCnn => "flashlight-cnn",
+        }
+    }
+
+    /// The recipe that trains this model in the seed runs (its data normalisation, optimizer).
+    pub fn recipe(self) -> crate::config::Recipe {
+        match self {
+            Self::PytorchExampleNet => crate::config::Recipe::PytorchExample,
+            Self::TchNet => crate::config::Recipe::Tch,
+            Self::FlashlightCnn => crate::config::Recipe::Flashlight,
+        }
+    }
+
+    /// The model with every dropout probability 0: deterministic in training mode, for
+    /// comparing gradients with PyTorch.
+    pub fn init_without_dropout<B: Backend>(self, device: &B::Device) -> Model<B> {
+        match self {
+            Self::PytorchExampleNet => Model::PytorchExample(
+                PytorchExampleNetConfig::new().with_dropout1(0.0).with_dropout2(0.0).init(device),
+            ),
+            Self::TchNet => Model::Tch(TchNetConfig::new().with_dropout1(0.0).with_dropout2(0.0).init(device)),
+            Self::FlashlightCnn => Model::Flashlight(FlashlightCnnConfig::new().with_dropout(0.0).init(device)),
         }
     }
 

@@ -200,3 +200,42 @@ fn eval_reproduces_the_accuracy_training_printed() {
     assert_one_line_error(&again, &["already exists"]);
     assert!(run_dir.join("model.mpk").is_file());
 }
+
+#[test]
+fn import_of_a_pytorch_state_dict_gives_a_checkpoint_eval_accepts() {
+    let pt = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch-example-net.pt");
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("imported");
+    ember()
+        .args(["import", "--from", "pytorch", "--model", "pytorch-example", "--out"])
+        .arg(&out)
+        .arg(&pt)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("1199882 parameters"));
+    // The fixture holds hash-drawn initial weights: chance-level accuracy, but a full evaluation.
+    ember()
+        .args(["eval", "--device", "cpu", "--checkpoint"])
+        .arg(&out)
+        .arg("--data-dir")
+        .arg(shared_mnist())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("/10000)").and(predicate::str::contains("pytorch-example-net")));
+
+    let wrong = ember()
+        .args(["import", "--from", "pytorch", "--model", "tch-net", "--out"])
+        .arg(dir.path().join("wrong"))
+        .arg(dir.path().join("missing.pt"))
+        .output()
+        .unwrap();
+    assert_one_line_error(&wrong, &["missing.pt"]);
+    let wrong = ember()
+        .args(["import", "--from", "pytorch", "--model", "flashlight", "--out"])
+        .arg(dir.path().join("wrong"))
+        .arg(&pt)
+        .output()
+        .unwrap();
+    assert_one_line_error(&wrong, &["pytorch-example-net.pt", "not a flashlight-cnn state_dict", "conv1.weight"]);
+    assert!(!dir.path().join("wrong").exists(), "a failed import leaves no checkpoint");
+}

@@ -1,0 +1,60 @@
+//! Numerical parity with PyTorch on the f32 backends ember trains with (flex; CUDA when built
+//! with it and a device is present), and import of a PyTorch state_dict. Method and fixtures:
+//! tests/common/parity.rs.
+
+#[path = "common/parity.rs"]
+mod parity;
+
+use burn::backend::{Autodiff, NdArray};
+use burn::tensor::{Tensor, TensorData};
+use ember::import::from_pytorch_file;
+use ember::model::ModelKind;
+use ember_models::Classifier;
+use parity::{assert_parity, compare, fixtures, Fixture, CPU};
+
+#[test]
+fn parity_all_models_flex() {
+    for kind in [ModelKind::PytorchExampleNet, ModelKind::TchNet, ModelKind::FlashlightCnn] {
+        assert_parity::<Autodiff<ember::backend::Cpu>>(kind, CPU, &Default::default());
+    }
+}
+
+#[cfg(feature = "cuda")]
+#[test]
+fn parity_all_models_cuda() {
+    use ember::backend::{resolve, DeviceArg, Resolved};
+    match resolve(DeviceArg::Cuda(0)) {
+        Ok(Resolved::Cuda { .. }) => {}
+        other => {
+            println!("skipping CUDA parity: no CUDA device ({other:?})");
+            return;
+        }
+    }
+    // TF32 and different reduction orders on the GPU.
+    let gpu = Tolerance { outputs: 1e-3, grads: 1e-3, params: 1e-3 };
+    let device = burn::backend::cuda::CudaDevice::new(0);
+    for kind in [ModelKind::PytorchExampleNet, ModelKind::TchNet, ModelKind::FlashlightCnn] {
+        assert_parity::<Autodiff<ember::backend::Gpu>>(kind, gpu, &device);
+    }
+}
+
+#[test]
+fn parity_import_of_a_pytorch_state_dict() {
+    // pytorch-example-net.pt is the parity fixture's initial state_dict, saved by torch.save.
+    let fixture = Fixture::load("pytorch-example-net");
+    let device = Default::default();
+    let imported = from_pytorch_file::<NdArray>(ModelKind::PytorchExampleNet, &fixtures().join("pytorch-example-net.pt"), &device).unwrap();
+    let (shape, images) = fixture.get("images");
+    let x = Tensor::<NdArray, 4>::from_data(
+        TensorData::new(images.iter().map(|&v| v as f32).collect::<Vec<_>>(), shape.clone()),
+        &device,
+    );
+    compare(&fixture, "logits", &imported.forward(x).to_data(), CPU.outputs).unwrap();
+
+    // The same file is not a flashlight-cnn: every mismatching key is listed.
+    let err = from_pytorch_file::<NdArray>(ModelKind::FlashlightCnn, &fixtures().join("pytorch-example-net.pt"), &device)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not a flashlight-cnn state_dict"), "{err}");
+    assert!(err.contains("fc1.weight"), "{err}");
+}
