@@ -95,6 +95,13 @@ pub struct TrainArgs {
     /// Random seed: initial weights, shuffling and dropout [default: 1].
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Input normalisation mean, on the 0..1 pixel scale: x = (pixel / 255 - mean) / std
+    /// [pytorch-example: 0.1307, tch: 0, flashlight: 127/255].
+    #[arg(long)]
+    pub mean: Option<f32>,
+    /// Input normalisation standard deviation [pytorch-example: 0.3081, others: 1].
+    #[arg(long)]
+    pub std: Option<f32>,
     /// Hold out the first N training images for validation [flashlight: 5000, others: 0].
     #[arg(long, value_name = "N")]
     pub valid_size: Option<usize>,
@@ -133,6 +140,12 @@ impl TrainArgs {
         }
         if let Some(d) = self.data.dataset {
             c.dataset = d;
+        }
+        if let Some(mean) = self.mean {
+            c.normalization.mean = mean;
+        }
+        if let Some(std) = self.std {
+            c.normalization.std = std;
         }
         c.limit_train = self.limit_train;
         c
