@@ -80,6 +80,8 @@ impl fmt::Display for DeviceArg {
 pub struct DeviceInfo {
     pub backend: &'static str,
     pub device: String,
+    /// The CUDA device index, when the device is a GPU.
+    pub cuda: Option<usize>,
 }
 
 impl fmt::Display for DeviceInfo {
@@ -137,6 +139,7 @@ pub fn dispatch<T: BackendTask>(arg: DeviceArg, task: T) -> Result<T::Output, Ba
             DeviceInfo {
                 backend: CPU_BACKEND,
                 device: format!("cpu ({} threads)", cpu_threads()),
+                cuda: None,
             },
         )),
         #[cfg(feature = "cuda")]
@@ -145,6 +148,7 @@ pub fn dispatch<T: BackendTask>(arg: DeviceArg, task: T) -> Result<T::Output, Ba
             DeviceInfo {
                 backend: "cuda",
                 device: format!("cuda:{index} ({name})"),
+                cuda: Some(index),
             },
         )),
         #[cfg(not(feature = "cuda"))]

@@ -29,6 +29,10 @@ pub enum Command {
     Train(TrainArgs),
     /// Evaluate a saved checkpoint on the test set.
     Eval(EvalArgs),
+    /// Time training steps, epochs and evaluation of a seed scenario (JSON record + one line).
+    Bench(BenchArgs),
+    /// Run `ember bench` and PyTorch's twin side by side; write a table, JSON and charts.
+    Compare(CompareArgs),
     /// Convert a PyTorch state_dict (`torch.save(model.state_dict(), PATH)`) into a checkpoint.
     Import(ImportArgs),
     /// Show the compiled backends and the device a run would use.
@@ -168,6 +172,83 @@ pub struct EvalArgs {
     pub data: DataArgs,
 }
 
+/// How much `ember bench` and `ember compare` measure.
+#[derive(Debug, Args)]
+pub struct MeasureArgs {
+    /// Untimed training steps before timing.
+    #[arg(long, default_value_t = 10)]
+    pub warmup: usize,
+    /// Training steps per timed repeat.
+    #[arg(long, default_value_t = 20)]
+    pub steps: usize,
+    /// Timed repeats (median, min and max are over these).
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// Timed passes over the test set for evaluation throughput.
+    #[arg(long, default_value_t = 3)]
+    pub eval_repeats: usize,
+    /// Also time one full training epoch instead of estimating it from the step time.
+    #[arg(long)]
+    pub full_epoch: bool,
+}
+
+impl MeasureArgs {
+    fn settings(&self) -> Result<crate::bench::Settings> {
+        for (flag, v) in [("--steps", self.steps), ("--repeats", self.repeats)] {
+            anyhow::ensure!(v > 0, "{flag} must be at least 1");
+        }
+        Ok(crate::bench::Settings {
+            warmup_steps: self.warmup,
+            timed_steps: self.steps,
+            repeats: self.repeats,
+            eval_repeats: self.eval_repeats,
+            full_epoch: self.full_epoch,
+        })
+    }
+}
+
+/// `ember bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// What to measure.
+    #[arg(long, value_enum)]
+    pub scenario: crate::bench::Scenario,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceArg,
+    #[command(flatten)]
+    pub measure: MeasureArgs,
+    /// Write the record (benches/schema.json) to this file.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub data: DataArgs,
+}
+
+/// `ember compare`.
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// auto, cpu, cuda or cuda:N; PyTorch runs on the same device.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceArg,
+    /// Scenarios, comma-separated.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "net64,net256,flash64")]
+    pub scenarios: Vec<crate::bench::Scenario>,
+    /// Python interpreter with torch and numpy.
+    #[arg(long, env = "EMBER_PYTHON", default_value = "python3")]
+    pub python: String,
+    /// The PyTorch benchmark script.
+    #[arg(long, default_value = "benches/pytorch/bench.py", value_name = "PATH")]
+    pub pytorch_script: PathBuf,
+    /// Results folder [default: benches/results/<date>-<host>-<device>].
+    #[arg(long, value_name = "DIR")]
+    pub out: Option<PathBuf>,
+    #[command(flatten)]
+    pub measure: MeasureArgs,
+    #[command(flatten)]
+    pub data: DataArgs,
+}
+
 /// Formats `ember import` reads.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum ImportFormat {
@@ -210,9 +291,55 @@ pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Train(args) => train_command(args),
         Command::Eval(args) => eval_command(args),
+        Command::Bench(args) => bench_command(args),
+        Command::Compare(args) => compare_command(args),
         Command::Import(args) => import_command(args),
         Command::Info(args) => info_command(args),
     }
+}
+
+fn bench_command(args: BenchArgs) -> Result<()> {
+    let settings = args.measure.settings()?;
+    backend::resolve(args.device)?;
+    let data = Mnist::load(&args.data.source(Dataset::Mnist))?;
+    let record = backend::dispatch(args.device, BenchTask { scenario: args.scenario, settings, data })?;
+    println!("{}", record.line());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&record)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+struct BenchTask {
+    scenario: crate::bench::Scenario,
+    settings: crate::bench::Settings,
+    data: Mnist,
+}
+
+impl BackendTask for BenchTask {
+    type Output = crate::bench::BenchRecord;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device, info: DeviceInfo) -> Self::Output {
+        let gpu = info.cuda.and_then(crate::gpu::GpuMonitor::new);
+        crate::bench::run::<B>(self.scenario, self.settings, &self.data, &device, &info, gpu)
+    }
+}
+
+fn compare_command(args: CompareArgs) -> Result<()> {
+    let options = crate::compare::CompareOptions {
+        device: args.device,
+        scenarios: args.scenarios,
+        settings: args.measure.settings()?,
+        python: args.python,
+        script: args.pytorch_script,
+        data_dir: args.data.data_dir.clone().unwrap_or_else(|| Dataset::Mnist.default_dir()),
+        out: args.out,
+    };
+    // Fail on missing data here, before any child process starts.
+    Mnist::load(&args.data.source(Dataset::Mnist))?;
+    crate::compare::run(&options)?;
+    Ok(())
 }
 
 fn import_command(args: ImportArgs) -> Result<()> {

@@ -6,11 +6,15 @@
 //! [`backend`] the one place concrete backends are named.
 
 pub mod backend;
+pub mod bench;
 pub mod checkpoint;
 pub mod cli;
+pub mod compare;
 pub mod config;
 pub mod data;
+pub mod gpu;
 pub mod import;
 pub mod model;
 pub mod optim;
+pub mod plot;
 pub mod train;

@@ -84,6 +84,12 @@ impl ModelKind {
     }
 }
 
+impl std::fmt::Display for ModelKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// One of [`ModelKind`]'s models.
 #[derive(Module, Debug)]
 pub enum Model<B: Backend> {

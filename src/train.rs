@@ -161,17 +161,13 @@ pub fn train_epoch<B: AutodiffBackend>(
     B::InnerBackend::seed(&device, epoch_seed(config.seed, epoch) ^ 1);
     let order = indices::<B::InnerBackend>(&epoch_permutation(config.seed, epoch, len), &device);
     let steps = len.div_ceil(config.batch_size);
-    let kind = model.output();
     let mut loss_sum = Tensor::<B::InnerBackend, 1>::zeros([1], &device);
     for step in 0..steps {
         let begin = step * config.batch_size;
         let end = (begin + config.batch_size).min(len);
         let (images, targets) = train.gather(order.clone().slice(begin..end));
-        let output = model.forward(Tensor::from_inner(images));
-        let batch_loss = loss(output, kind, Tensor::from_inner(targets));
-        let grads = GradientsParams::from_grads(batch_loss.backward(), &model);
-        model = optim.step(lr, model, grads);
-        let batch_loss = batch_loss.inner();
+        let (trained, batch_loss) = train_step(model, optim, images, targets, lr);
+        model = trained;
         let read = loss_every > 0 && ((step + 1) % loss_every == 0 || step + 1 == steps);
         on_step(StepInfo {
             epoch,
@@ -191,6 +187,21 @@ pub fn train_epoch<B: AutodiffBackend>(
         seconds: start.elapsed().as_secs_f64(),
     };
     (model, stats)
+}
+
+/// One optimizer step on a batch already on the device. Returns the updated model and the
+/// batch's mean loss, still on the device (reading it is a sync).
+pub fn train_step<B: AutodiffBackend>(
+    model: Model<B>,
+    optim: &mut Optimizer<Model<B>, B>,
+    images: Tensor<B::InnerBackend, 4>,
+    targets: Tensor<B::InnerBackend, 1, Int>,
+    lr: f64,
+) -> (Model<B>, Tensor<B::InnerBackend, 1>) {
+    let output = model.forward(Tensor::from_inner(images));
+    let batch_loss = loss(output, model.output(), Tensor::from_inner(targets));
+    let grads = GradientsParams::from_grads(batch_loss.backward(), &model);
+    (optim.step(lr, model, grads), batch_loss.inner())
 }
 
 /// Test-set style evaluation.
@@ -241,7 +252,7 @@ pub fn evaluate<B: Backend>(model: &Model<B>, split: &DeviceSplit<B>, batch_size
 }
 
 /// Reads a one-element tensor (a device sync).
-fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
+pub fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
     burn::tensor::ElementConversion::elem::<f64>(t.into_scalar())
 }
 

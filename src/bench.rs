@@ -1,0 +1,384 @@
+//! `ember bench`: steady-state timings of the seed scenarios, in a JSON record that the PyTorch
+//! side (`benches/pytorch/bench.py`) writes too (`benches/schema.json`).
+//!
+//! Training: `warmup` steps, then `repeats` timed runs of `steps` consecutive steps, each ended
+//! by a device sync inside the timed region; a repeat's figure is its mean time per step.
+//! Evaluation: the 10,000 test images in batches of 1,000, one untimed pass, then
+//! `eval_repeats` timed passes, with the initial weights and again with the weights after the
+//! training steps (the two can differ in speed, e.g. through denormals or sparsity on CPUs).
+
+use std::time::Instant;
+
+use burn::module::AutodiffModule;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use clap::ValueEnum;
+use serde::{Deserialize, Serialize};
+
+use crate::backend::DeviceInfo;
+use crate::config::{Recipe, TrainConfig};
+use crate::data::{indices, Mnist};
+use crate::gpu::GpuMonitor;
+use crate::train::{self, Splits};
+
+/// Version tag of the JSON record; both sides write it.
+pub const SCHEMA: &str = "ember-bench/1";
+
+/// The seed benchmarks' settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Scenario {
+    /// PytorchExampleNet, batch 64, Adadelta (the PyTorch example).
+    Net64,
+    /// PytorchExampleNet, batch 256, Adadelta.
+    Net256,
+    /// TchNet, batch 256, Adam (the tch-rs port).
+    Tch256,
+    /// FlashlightCnn, batch 64, SGD (flashlight's example).
+    Flash64,
+}
+
+impl Scenario {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Net64 => "net64",
+            Self::Net256 => "net256",
+            Self::Tch256 => "tch256",
+            Self::Flash64 => "flash64",
+        }
+    }
+
+    /// The recipe's settings at this scenario's batch size.
+    pub fn config(self) -> TrainConfig {
+        let (recipe, batch_size) = match self {
+            Self::Net64 => (Recipe::PytorchExample, 64),
+            Self::Net256 => (Recipe::PytorchExample, 256),
+            Self::Tch256 => (Recipe::Tch, 256),
+            Self::Flash64 => (Recipe::Flashlight, 64),
+        };
+        TrainConfig {
+            batch_size,
+            test_batch_size: 1000,
+            valid_size: 0,
+            ..recipe.config()
+        }
+    }
+}
+
+/// How much to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    pub warmup_steps: usize,
+    pub timed_steps: usize,
+    pub repeats: usize,
+    pub eval_repeats: usize,
+    /// Also time one full training epoch (all 60,000 images); otherwise it is estimated from
+    /// the median step time.
+    pub full_epoch: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            warmup_steps: 10,
+            timed_steps: 20,
+            repeats: 5,
+            eval_repeats: 3,
+            full_epoch: false,
+        }
+    }
+}
+
+/// Median, minimum and maximum of a set of measurements, and the measurements.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stats {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub samples: Vec<f64>,
+}
+
+impl Stats {
+    pub fn of(samples: Vec<f64>) -> Self {
+        assert!(!samples.is_empty(), "no samples");
+        let mut sorted = samples.clone();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let median = if n % 2 == 1 {
+            sorted[n / 2]
+        } else {
+            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+        };
+        Self {
+            median,
+            min: sorted[0],
+            max: sorted[n - 1],
+            samples,
+        }
+    }
+
+    /// The `q`-quantile (nearest rank).
+    pub fn quantile(samples: &[f64], q: f64) -> f64 {
+        let mut sorted = samples.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+        sorted[rank - 1]
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalRecord {
+    pub batch_size: usize,
+    pub images: usize,
+    /// Images/s with the initial weights.
+    pub untrained_images_per_sec: Stats,
+    /// Images/s with the weights after the benchmark's training steps.
+    pub trained_images_per_sec: Stats,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryRecord {
+    /// Peak resident set size of the process (VmHWM / ru_maxrss).
+    pub peak_rss_bytes: u64,
+    /// Peak bytes reserved by the framework's device memory pool (GPU only).
+    pub device_pool_bytes: Option<u64>,
+    /// Peak device memory in use as NVML reports it (GPU only).
+    pub device_used_bytes: Option<u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UtilizationRecord {
+    pub interval_ms: u64,
+    pub samples: usize,
+    pub mean_percent: f64,
+    pub p10_percent: f64,
+}
+
+/// One benchmark run: the record both frameworks write.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BenchRecord {
+    pub schema: String,
+    /// "ember" or "pytorch".
+    pub framework: String,
+    pub framework_version: String,
+    pub scenario: String,
+    /// How batches reach the model: "device-resident" (ember; PyTorch "preloaded"),
+    /// "preloaded-cudnn-benchmark", or "dataloader" (PyTorch's input pipeline).
+    pub mode: String,
+    pub model: String,
+    pub optimizer: String,
+    pub backend: String,
+    pub device: String,
+    pub threads: usize,
+    pub batch_size: usize,
+    pub dtype: String,
+    pub warmup_steps: usize,
+    pub timed_steps: usize,
+    pub repeats: usize,
+    /// Mean milliseconds per training step, one sample per repeat.
+    pub train_step_ms: Stats,
+    pub train_images_per_sec: f64,
+    pub epoch_seconds: f64,
+    /// Whether `epoch_seconds` was timed (true) or estimated from the median step (false).
+    pub epoch_measured: bool,
+    pub eval: EvalRecord,
+    pub memory: MemoryRecord,
+    pub gpu_utilization: Option<UtilizationRecord>,
+    /// Floating-point operations of one training step per image: 3 x 2 x the forward
+    /// multiply-accumulates of the convolutions and linear layers.
+    pub train_flops_per_image: f64,
+    pub achieved_tflops: f64,
+    pub host: String,
+    pub timestamp: String,
+}
+
+impl BenchRecord {
+    /// The one-line summary printed by `ember bench` and used in tables.
+    pub fn line(&self) -> String {
+        format!(
+            "{:<8} {:<7} {:<26} step {:8.2} ms (min {:.2}, max {:.2})  {:7.0} img/s  epoch {:6.1} s{}  eval {:6.0}/{:6.0} img/s  rss {:5.0} MiB{}",
+            self.scenario,
+            self.framework,
+            self.mode,
+            self.train_step_ms.median,
+            self.train_step_ms.min,
+            self.train_step_ms.max,
+            self.train_images_per_sec,
+            self.epoch_seconds,
+            if self.epoch_measured { "" } else { " (est.)" },
+            self.eval.untrained_images_per_sec.median,
+            self.eval.trained_images_per_sec.median,
+            self.memory.peak_rss_bytes as f64 / (1 << 20) as f64,
+            self.gpu_utilization
+                .as_ref()
+                .map(|u| format!("  gpu {:.0}% (p10 {:.0}%)", u.mean_percent, u.p10_percent))
+                .unwrap_or_default(),
+        )
+    }
+}
+
+/// Peak resident set size of this process, from /proc/self/status (0 where unavailable).
+pub fn peak_rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Runs `scenario` on backend `B`.
+pub fn run<B: AutodiffBackend>(
+    scenario: Scenario,
+    settings: Settings,
+    data: &Mnist,
+    device: &B::Device,
+    info: &DeviceInfo,
+    gpu: Option<GpuMonitor>,
+) -> BenchRecord {
+    let config = scenario.config();
+    let splits = Splits::<B::InnerBackend>::upload(data, &config, device).expect("valid split");
+    let mut model = train::init_model::<B>(&config, device);
+    let mut optim = config.optimizer.init::<B, _>();
+    let untrained = eval_throughput(&model.valid(), &splits, settings.eval_repeats);
+
+    // Batches come from the epoch-0 permutation, wrapping around, as in training.
+    let order = train::epoch_permutation(config.seed, 0, splits.train.len());
+    let batch = config.batch_size;
+    let mut next = 0usize;
+    let mut step = |model: crate::model::Model<B>, optim: &mut crate::optim::Optimizer<_, B>| {
+        let idx: Vec<usize> = (0..batch).map(|i| order[(next + i) % order.len()]).collect();
+        next = (next + batch) % order.len();
+        let (images, targets) = splits.train.gather(indices::<B::InnerBackend>(&idx, device));
+        train::train_step(model, optim, images, targets, config.lr)
+    };
+    for _ in 0..settings.warmup_steps {
+        model = step(model, &mut optim).0;
+    }
+    sync::<B>(device);
+    let monitor = gpu.map(GpuMonitor::start);
+    let mut step_ms = Vec::with_capacity(settings.repeats);
+    for _ in 0..settings.repeats {
+        let start = Instant::now();
+        for _ in 0..settings.timed_steps {
+            model = step(model, &mut optim).0;
+        }
+        sync::<B>(device);
+        step_ms.push(start.elapsed().as_secs_f64() * 1e3 / settings.timed_steps as f64);
+    }
+    let gpu_samples = monitor.map(|m| m.stop());
+    let train_step_ms = Stats::of(step_ms);
+    let steps_per_epoch = splits.train.len().div_ceil(batch);
+    let (epoch_seconds, epoch_measured) = if settings.full_epoch {
+        let (trained, stats) = train::train_epoch(model, &mut optim, &splits.train, &config, 1, config.lr, 0, &mut |_| {});
+        model = trained;
+        (stats.seconds, true)
+    } else {
+        (train_step_ms.median * steps_per_epoch as f64 / 1e3, false)
+    };
+    let trained = eval_throughput(&model.valid(), &splits, settings.eval_repeats);
+
+    let images_per_sec = batch as f64 / (train_step_ms.median / 1e3);
+    let flops = 6.0 * config.model.forward_macs_per_image() as f64;
+    BenchRecord {
+        schema: SCHEMA.into(),
+        framework: "ember".into(),
+        framework_version: format!("{} (burn 0.21.0)", env!("CARGO_PKG_VERSION")),
+        scenario: scenario.name().into(),
+        mode: "device-resident".into(),
+        model: config.model.name().into(),
+        optimizer: format!("{:?}", config.optimizer.kind).to_lowercase(),
+        backend: info.backend.into(),
+        device: info.device.clone(),
+        threads: crate::backend::cpu_threads(),
+        batch_size: batch,
+        dtype: "f32".into(),
+        warmup_steps: settings.warmup_steps,
+        timed_steps: settings.timed_steps,
+        repeats: settings.repeats,
+        train_images_per_sec: images_per_sec,
+        epoch_seconds,
+        epoch_measured,
+        eval: EvalRecord {
+            batch_size: config.test_batch_size,
+            images: splits.test.len(),
+            untrained_images_per_sec: untrained,
+            trained_images_per_sec: trained,
+        },
+        memory: MemoryRecord {
+            peak_rss_bytes: peak_rss_bytes(),
+            device_pool_bytes: gpu_samples.as_ref().and_then(|g| g.pool_bytes),
+            device_used_bytes: gpu_samples.as_ref().map(|g| g.used_bytes_max),
+        },
+        gpu_utilization: gpu_samples.as_ref().map(|g| UtilizationRecord {
+            interval_ms: g.interval_ms,
+            samples: g.utilization.len(),
+            mean_percent: g.utilization.iter().sum::<f64>() / g.utilization.len().max(1) as f64,
+            p10_percent: if g.utilization.is_empty() { 0.0 } else { Stats::quantile(&g.utilization, 0.1) },
+        }),
+        train_flops_per_image: flops,
+        achieved_tflops: flops * images_per_sec / 1e12,
+        train_step_ms,
+        host: host_name(),
+        timestamp: crate::checkpoint::utc_stamp(std::time::SystemTime::now()),
+    }
+}
+
+fn sync<B: Backend>(device: &B::Device) {
+    B::sync(device).expect("device sync");
+}
+
+/// Images/s over the test set: one untimed pass, then `repeats` timed ones.
+fn eval_throughput<B: Backend>(model: &crate::model::Model<B>, splits: &Splits<B>, repeats: usize) -> Stats {
+    let batch = 1000;
+    train::evaluate(model, &splits.test, batch);
+    let samples = (0..repeats.max(1))
+        .map(|_| {
+            // evaluate() reads the loss and count back: the device is synchronised.
+            train::evaluate(model, &splits.test, batch).images_per_sec()
+        })
+        .collect();
+    Stats::of(samples)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ModelKind;
+
+    #[test]
+    fn stats_are_order_statistics() {
+        let s = Stats::of(vec![5.0, 1.0, 3.0, 4.0]);
+        assert_eq!((s.median, s.min, s.max), (3.5, 1.0, 5.0));
+        assert_eq!(s.samples, vec![5.0, 1.0, 3.0, 4.0]);
+        assert_eq!(Stats::of(vec![2.0, 9.0, 4.0]).median, 4.0);
+        let xs: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!(Stats::quantile(&xs, 0.1), 2.0);
+    }
+
+    #[test]
+    fn scenarios_use_their_recipes() {
+        let c = Scenario::Net256.config();
+        assert_eq!((c.model, c.batch_size, c.valid_size), (ModelKind::PytorchExampleNet, 256, 0));
+        assert_eq!(Scenario::Flash64.config().model, ModelKind::FlashlightCnn);
+        assert_eq!(Scenario::Tch256.config().optimizer.kind, crate::optim::OptimizerKind::Adam);
+    }
+
+    #[test]
+    fn peak_rss_is_read() {
+        assert!(peak_rss_bytes() > 1 << 20);
+    }
+}

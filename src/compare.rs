@@ -1,0 +1,261 @@
+//! `ember compare`: runs `ember bench` and `benches/pytorch/bench.py` side by side, one process
+//! per measurement (so each peak RSS is its own), and writes the comparison: `results.json`
+//! (every record), `results.md` (set-up and table), `train_step.png`, `eval.png`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::backend::{self, DeviceArg, Resolved};
+use crate::bench::{BenchRecord, Scenario, Settings};
+use crate::plot::{bar_chart, BarSeries};
+
+/// What to compare and where.
+pub struct CompareOptions {
+    pub device: DeviceArg,
+    pub scenarios: Vec<Scenario>,
+    pub settings: Settings,
+    pub python: String,
+    pub script: PathBuf,
+    pub data_dir: PathBuf,
+    /// Results folder; default `benches/results/<date>-<host>-<device>`.
+    pub out: Option<PathBuf>,
+}
+
+/// PyTorch modes measured on a device kind.
+fn pytorch_modes(gpu: bool) -> &'static [&'static str] {
+    if gpu {
+        &["preloaded", "preloaded-cudnn-benchmark", "dataloader"]
+    } else {
+        &["preloaded", "dataloader"]
+    }
+}
+
+fn run_child(cmd: &mut Command, json: &Path) -> Result<BenchRecord> {
+    let shown = format!("{cmd:?}");
+    let status = cmd.status().with_context(|| format!("cannot start {shown}"))?;
+    if !status.success() {
+        bail!("{shown} failed ({status})");
+    }
+    let text = std::fs::read_to_string(json).with_context(|| format!("{shown} wrote no {}", json.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{}: not an ember-bench/1 record", json.display()))
+}
+
+/// Runs every measurement and writes the results folder; returns its path.
+pub fn run(opts: &CompareOptions) -> Result<PathBuf> {
+    let resolved = backend::resolve(opts.device)?;
+    let (device_arg, device_slug, gpu) = match &resolved {
+        Resolved::Cpu => ("cpu".to_string(), "cpu".to_string(), false),
+        Resolved::Cuda { index, name } => (
+            format!("cuda:{index}"),
+            name.to_lowercase().replace(|c: char| !c.is_ascii_alphanumeric(), "-"),
+            true,
+        ),
+    };
+    let threads = backend::cpu_threads();
+    let exe = std::env::current_exe().context("cannot find the ember executable")?;
+    let tmp = tempfile_dir()?;
+    let mut records = Vec::new();
+    for &scenario in &opts.scenarios {
+        let json = tmp.join(format!("ember-{}.json", scenario.name()));
+        let s = &opts.settings;
+        let mut cmd = Command::new(&exe);
+        cmd.args(["bench", "--scenario", scenario.name(), "--device", &device_arg])
+            .args(["--warmup", &s.warmup_steps.to_string(), "--steps", &s.timed_steps.to_string()])
+            .args(["--repeats", &s.repeats.to_string(), "--eval-repeats", &s.eval_repeats.to_string()])
+            .arg("--data-dir")
+            .arg(&opts.data_dir)
+            .arg("--offline")
+            .arg("--json")
+            .arg(&json);
+        if s.full_epoch {
+            cmd.arg("--full-epoch");
+        }
+        records.push(run_child(&mut cmd, &json)?);
+        for mode in pytorch_modes(gpu) {
+            let json = tmp.join(format!("pytorch-{}-{mode}.json", scenario.name()));
+            let mut cmd = Command::new(&opts.python);
+            cmd.arg(&opts.script)
+                .args(["--scenario", scenario.name(), "--mode", mode, "--device", &device_arg])
+                .args(["--threads", &threads.to_string()])
+                .args(["--warmup", &s.warmup_steps.to_string(), "--steps", &s.timed_steps.to_string()])
+                .args(["--repeats", &s.repeats.to_string(), "--eval-repeats", &s.eval_repeats.to_string()])
+                .arg("--data-dir")
+                .arg(&opts.data_dir)
+                .arg("--json")
+                .arg(&json);
+            if s.full_epoch {
+                cmd.arg("--full-epoch");
+            }
+            records.push(run_child(&mut cmd, &json)?);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+
+    let out = match &opts.out {
+        Some(dir) => dir.clone(),
+        None => {
+            let host = records.first().map_or("host".to_string(), |r| r.host.clone());
+            let date = crate::checkpoint::utc_stamp(std::time::SystemTime::now());
+            let day = format!("{}-{}-{}", &date[..4], &date[4..6], &date[6..8]);
+            PathBuf::from("benches/results").join(format!("{day}-{host}-{device_slug}"))
+        }
+    };
+    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    let table = table(&records);
+    let setup = setup_note(&records, opts, &resolved);
+    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&records)?)?;
+    std::fs::write(out.join("results.md"), format!("{setup}\n{table}"))?;
+    charts(&out, &records)?;
+    println!("\n{table}");
+    println!("results: {}", out.display());
+    Ok(out)
+}
+
+fn tempfile_dir() -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("ember-compare-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    Ok(dir)
+}
+
+fn find<'a>(records: &'a [BenchRecord], scenario: &str, framework: &str, mode: &str) -> Option<&'a BenchRecord> {
+    records.iter().find(|r| r.scenario == scenario && r.framework == framework && r.mode == mode)
+}
+
+fn scenarios(records: &[BenchRecord]) -> Vec<String> {
+    let mut v: Vec<String> = Vec::new();
+    for r in records {
+        if !v.contains(&r.scenario) {
+            v.push(r.scenario.clone());
+        }
+    }
+    v
+}
+
+/// `ember / pytorch`, with the ratio of the fastest and of the slowest repeats.
+fn ratio(e: &BenchRecord, p: &BenchRecord) -> String {
+    format!(
+        "{:.2} ({:.2}–{:.2})",
+        e.train_step_ms.median / p.train_step_ms.median,
+        e.train_step_ms.min / p.train_step_ms.min,
+        e.train_step_ms.max / p.train_step_ms.max
+    )
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1 << 20) as f64
+}
+
+/// The markdown comparison table: ratios are ember / PyTorch (below 1: ember is faster or
+/// smaller), for step time, eval throughput (above 1: ember is faster), memory and utilisation.
+pub fn table(records: &[BenchRecord]) -> String {
+    let gpu = records.iter().any(|r| r.gpu_utilization.is_some() || r.memory.device_used_bytes.is_some());
+    let mut s = String::from(
+        "Step times are medians over repeats, ms (min–max). Ratios are ember / PyTorch: below 1 \
+         ember's step is shorter; for eval images/s above 1 ember is faster.\n\n\
+         | scenario | ember step ms | PyTorch preloaded ms | ratio (min–max) | PyTorch dataloader ms | ratio (min–max) | eval img/s ember / PyTorch (untrained) | eval img/s ember / PyTorch (trained) | peak RSS MiB ember / PyTorch |",
+    );
+    if gpu {
+        s += " GPU util % ember / PyTorch (p10) | GPU memory MiB ember / PyTorch |";
+    }
+    s += "\n|---|---|---|---|---|---|---|---|---|";
+    if gpu {
+        s += "---|---|";
+    }
+    s += "\n";
+    for sc in scenarios(records) {
+        let Some(e) = find(records, &sc, "ember", "device-resident") else { continue };
+        let ms = |r: &BenchRecord| format!("{:.2} ({:.2}–{:.2})", r.train_step_ms.median, r.train_step_ms.min, r.train_step_ms.max);
+        let cell = |mode: &str| match find(records, &sc, "pytorch", mode) {
+            Some(p) => (ms(p), ratio(e, p)),
+            None => ("–".into(), "–".into()),
+        };
+        let (pre, pre_r) = cell("preloaded");
+        let (dl, dl_r) = cell("dataloader");
+        let p = find(records, &sc, "pytorch", "preloaded");
+        let eval = |f: fn(&BenchRecord) -> f64| match p {
+            Some(p) => format!("{:.0} / {:.0} = {:.2}", f(e), f(p), f(e) / f(p)),
+            None => format!("{:.0} / –", f(e)),
+        };
+        let rss = match p {
+            Some(p) => format!("{:.0} / {:.0} = {:.2}", mib(e.memory.peak_rss_bytes), mib(p.memory.peak_rss_bytes), e.memory.peak_rss_bytes as f64 / p.memory.peak_rss_bytes as f64),
+            None => format!("{:.0}", mib(e.memory.peak_rss_bytes)),
+        };
+        s += &format!(
+            "| {sc} (batch {}) | {} | {pre} | {pre_r} | {dl} | {dl_r} | {} | {} | {rss} |",
+            e.batch_size,
+            ms(e),
+            eval(|r| r.eval.untrained_images_per_sec.median),
+            eval(|r| r.eval.trained_images_per_sec.median),
+        );
+        if gpu {
+            let util = |r: Option<&BenchRecord>| {
+                r.and_then(|r| r.gpu_utilization.as_ref())
+                    .map_or("–".to_string(), |u| format!("{:.0} ({:.0})", u.mean_percent, u.p10_percent))
+            };
+            let mem = |r: Option<&BenchRecord>| {
+                r.and_then(|r| r.memory.device_used_bytes).map_or("–".to_string(), |b| format!("{:.0}", mib(b)))
+            };
+            s += &format!(" {} / {} | {} / {} |", util(Some(e)), util(p), mem(Some(e)), mem(p));
+        }
+        s += "\n";
+    }
+    s
+}
+
+fn setup_note(records: &[BenchRecord], opts: &CompareOptions, device: &Resolved) -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .unwrap_or_else(|| "unknown".into());
+    let version = |fw: &str| records.iter().find(|r| r.framework == fw).map_or("–".to_string(), |r| r.framework_version.clone());
+    let s = &opts.settings;
+    format!(
+        "# ember vs PyTorch, {}\n\n\
+         - host: {} ({cpu}), {} compute threads on both sides\n\
+         - device: {}\n\
+         - ember {}, PyTorch {}\n\
+         - per measurement: {} warm-up steps, {} repeats of {} timed steps (device synchronised at the end of each), eval: 1 untimed + {} timed passes over the 10,000 test images in batches of 1,000\n\
+         - epoch time: {}\n\
+         - command: `{}`\n",
+        records.first().map_or("", |r| r.timestamp.as_str()),
+        records.first().map_or("", |r| r.host.as_str()),
+        records.first().map_or(0, |r| r.threads),
+        match device {
+            Resolved::Cpu => "cpu".to_string(),
+            Resolved::Cuda { index, name } => format!("cuda:{index} {name}"),
+        },
+        version("ember"),
+        version("pytorch"),
+        s.warmup_steps,
+        s.repeats,
+        s.timed_steps,
+        s.eval_repeats,
+        if s.full_epoch { "one full epoch timed" } else { "estimated as median step x steps per epoch" },
+        std::env::args().collect::<Vec<_>>().join(" "),
+    )
+}
+
+fn charts(out: &Path, records: &[BenchRecord]) -> Result<()> {
+    let groups = scenarios(records);
+    let mut kinds: Vec<(String, String)> = Vec::new();
+    for r in records {
+        let k = (r.framework.clone(), r.mode.clone());
+        if !kinds.contains(&k) {
+            kinds.push(k);
+        }
+    }
+    let series = |f: fn(&BenchRecord) -> f64| -> Vec<BarSeries> {
+        kinds
+            .iter()
+            .map(|(fw, mode)| BarSeries {
+                name: format!("{fw} {mode}"),
+                values: groups.iter().map(|g| find(records, g, fw, mode).map(f)).collect(),
+            })
+            .collect()
+    };
+    bar_chart(&out.join("train_step.png"), "Training step time (median, lower is better)", "ms per step", &groups, &series(|r| r.train_step_ms.median))?;
+    bar_chart(&out.join("eval.png"), "Evaluation throughput, trained weights (higher is better)", "images/s", &groups, &series(|r| r.eval.trained_images_per_sec.median))?;
+    Ok(())
+}

@@ -1,0 +1,231 @@
+//! PNG charts drawn with plotters and an embedded font (no system fonts needed): grouped bars
+//! for `ember compare`, lines for training curves.
+
+use std::path::Path;
+use std::sync::Once;
+
+use plotters::prelude::*;
+
+const FONT: &[u8] = include_bytes!("../assets/DejaVuSans.ttf");
+const FAMILY: &str = "sans-serif";
+
+/// Colours of the series, in order.
+pub const PALETTE: [RGBColor; 6] = [
+    RGBColor(214, 92, 36),
+    RGBColor(45, 110, 180),
+    RGBColor(120, 170, 220),
+    RGBColor(90, 160, 90),
+    RGBColor(150, 100, 170),
+    RGBColor(120, 120, 120),
+];
+
+/// Errors drawing a chart; they name the file.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: cannot draw chart: {reason}", path.display())]
+pub struct PlotError {
+    pub path: std::path::PathBuf,
+    pub reason: String,
+}
+
+fn register() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        if plotters::style::register_font(FAMILY, FontStyle::Normal, FONT).is_err() {
+            unreachable!("the embedded DejaVu Sans parses");
+        }
+    });
+}
+
+fn err(path: &Path) -> impl Fn(String) -> PlotError + '_ {
+    move |reason| PlotError {
+        path: path.to_owned(),
+        reason,
+    }
+}
+
+/// One bar series: a name and a value (None: no bar) per group.
+pub struct BarSeries {
+    pub name: String,
+    pub values: Vec<Option<f64>>,
+}
+
+/// Grouped vertical bars with the value printed above each bar.
+pub fn bar_chart(path: &Path, title: &str, y_label: &str, groups: &[String], series: &[BarSeries]) -> Result<(), PlotError> {
+    register();
+    let e = err(path);
+    let root = BitMapBackend::new(path, (1000, 560)).into_drawing_area();
+    root.fill(&WHITE).map_err(|x| e(x.to_string()))?;
+    let top = series
+        .iter()
+        .flat_map(|s| s.values.iter().flatten())
+        .fold(0f64, |m, &v| m.max(v))
+        .max(1e-9)
+        * 1.18;
+    let n = series.len().max(1) as f64;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, (FAMILY, 22))
+        .margin(14)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0f64..groups.len() as f64, 0f64..top)
+        .map_err(|x| e(x.to_string()))?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(0)
+        .y_desc(y_label)
+        .label_style((FAMILY, 15))
+        .draw()
+        .map_err(|x| e(x.to_string()))?;
+    for (g, name) in groups.iter().enumerate() {
+        chart
+            .draw_series(std::iter::once(Text::new(
+                name.clone(),
+                (g as f64 + 0.42, -top * 0.03),
+                (FAMILY, 16).into_font(),
+            )))
+            .map_err(|x| e(x.to_string()))?;
+    }
+    for (i, s) in series.iter().enumerate() {
+        let color = PALETTE[i % PALETTE.len()];
+        let width = 0.8 / n;
+        let bars = s.values.iter().enumerate().filter_map(|(g, v)| {
+            v.map(|v| {
+                let x0 = g as f64 + 0.1 + i as f64 * width;
+                Rectangle::new([(x0, 0.0), (x0 + width * 0.92, v)], color.filled())
+            })
+        });
+        chart
+            .draw_series(bars)
+            .map_err(|x| e(x.to_string()))?
+            .label(s.name.clone())
+            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
+        let labels = s.values.iter().enumerate().filter_map(|(g, v)| {
+            v.map(|v| {
+                let x0 = g as f64 + 0.1 + i as f64 * width;
+                Text::new(format_value(v), (x0, v + top * 0.01), (FAMILY, 13).into_font())
+            })
+        });
+        chart.draw_series(labels).map_err(|x| e(x.to_string()))?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font((FAMILY, 15))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(|x| e(x.to_string()))?;
+    root.present().map_err(|x| e(x.to_string()))
+}
+
+fn format_value(v: f64) -> String {
+    if v >= 100.0 {
+        format!("{v:.0}")
+    } else if v >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// One line: a name and (x, y) points.
+pub struct Line {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Panels side by side, each with its own lines, sharing the x axis label.
+pub struct Panel {
+    pub title: String,
+    pub y_label: String,
+    pub lines: Vec<Line>,
+}
+
+/// Line charts side by side in one PNG (e.g. loss and accuracy per epoch).
+pub fn line_panels(path: &Path, x_label: &str, panels: &[Panel]) -> Result<(), PlotError> {
+    register();
+    let e = err(path);
+    let root = BitMapBackend::new(path, (560 * panels.len() as u32, 420)).into_drawing_area();
+    root.fill(&WHITE).map_err(|x| e(x.to_string()))?;
+    let areas = root.split_evenly((1, panels.len()));
+    for (area, panel) in areas.iter().zip(panels) {
+        let points = || panel.lines.iter().flat_map(|l| l.points.iter());
+        let (x_min, x_max) = points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
+        let (y_min, y_max) = points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
+        let (x_min, x_max) = if x_min > x_max { (0.0, 1.0) } else if x_min == x_max { (x_min - 0.5, x_max + 0.5) } else { (x_min, x_max) };
+        let pad = ((y_max - y_min) * 0.08).max(1e-6);
+        let (y_min, y_max) = if y_min > y_max { (0.0, 1.0) } else { (y_min - pad, y_max + pad) };
+        let mut chart = ChartBuilder::on(area)
+            .caption(&panel.title, (FAMILY, 20))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(x_min..x_max, y_min..y_max)
+            .map_err(|x| e(x.to_string()))?;
+        chart
+            .configure_mesh()
+            .x_desc(x_label)
+            .y_desc(&panel.y_label)
+            .label_style((FAMILY, 14))
+            .draw()
+            .map_err(|x| e(x.to_string()))?;
+        for (i, line) in panel.lines.iter().enumerate() {
+            let color = PALETTE[i % PALETTE.len()];
+            chart
+                .draw_series(plotters::series::LineSeries::new(line.points.iter().copied(), color.stroke_width(2)))
+                .map_err(|x| e(x.to_string()))?
+                .label(line.name.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            chart
+                .draw_series(line.points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .map_err(|x| e(x.to_string()))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font((FAMILY, 14))
+            .draw()
+            .map_err(|x| e(x.to_string()))?;
+    }
+    root.present().map_err(|x| e(x.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_bars_and_lines_to_png() {
+        let dir = tempfile::tempdir().unwrap();
+        let bars = dir.path().join("bars.png");
+        bar_chart(
+            &bars,
+            "step time",
+            "ms",
+            &["net64".into(), "flash64".into()],
+            &[
+                BarSeries { name: "ember".into(), values: vec![Some(180.0), Some(170.0)] },
+                BarSeries { name: "pytorch".into(), values: vec![Some(45.0), None] },
+            ],
+        )
+        .unwrap();
+        let lines = dir.path().join("lines.png");
+        line_panels(
+            &lines,
+            "epoch",
+            &[Panel {
+                title: "loss".into(),
+                y_label: "nll".into(),
+                lines: vec![Line { name: "train".into(), points: vec![(1.0, 0.3), (2.0, 0.1)] }],
+            }],
+        )
+        .unwrap();
+        for p in [bars, lines] {
+            let bytes = std::fs::read(&p).unwrap();
+            assert_eq!(&bytes[1..4], b"PNG", "{}", p.display());
+            assert!(bytes.len() > 5_000, "{} is {} bytes", p.display(), bytes.len());
+        }
+    }
+}

@@ -1,0 +1,75 @@
+//! `ember bench` writes the record both frameworks share (benches/schema.json), and every
+//! committed result, ember's and PyTorch's, still validates against it.
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn validator() -> jsonschema::Validator {
+    let schema: Value = serde_json::from_str(&std::fs::read_to_string(root().join("benches/schema.json")).unwrap()).unwrap();
+    jsonschema::validator_for(&schema).unwrap()
+}
+
+fn assert_valid(validator: &jsonschema::Validator, record: &Value, what: &str) {
+    let errors: Vec<String> = validator.iter_errors(record).map(|e| format!("{} at {}", e, e.instance_path())).collect();
+    assert!(errors.is_empty(), "{what} does not match benches/schema.json:\n{}", errors.join("\n"));
+}
+
+#[test]
+fn ember_bench_json_matches_the_shared_schema() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("net64.json");
+    let out = Command::cargo_bin("ember")
+        .unwrap()
+        .args(["bench", "--scenario", "net64", "--device", "cpu", "--warmup", "1", "--steps", "2", "--repeats", "2", "--eval-repeats", "1", "--offline", "--data-dir"])
+        .arg(root().join("../shared/data/mnist"))
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.starts_with("net64    ember"), "{stdout}");
+    let record: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_valid(&validator(), &record, "ember bench's record");
+    assert_eq!(record["train_step_ms"]["samples"].as_array().unwrap().len(), 2);
+    assert_eq!(record["threads"].as_u64().unwrap() as usize, rayon_threads());
+    assert!(record["memory"]["peak_rss_bytes"].as_u64().unwrap() > 100 << 20, "{}", record["memory"]);
+    assert!(record["gpu_utilization"].is_null());
+
+    // The schema is strict: an extra field or a wrong type is caught.
+    let mut extra = record.clone();
+    extra["speedup"] = Value::from(10);
+    assert!(!validator().is_valid(&extra));
+    let mut wrong = record;
+    wrong["train_step_ms"]["median"] = Value::from("fast");
+    assert!(!validator().is_valid(&wrong));
+}
+
+fn rayon_threads() -> usize {
+    ember::backend::cpu_threads()
+}
+
+#[test]
+fn committed_results_of_both_frameworks_match_the_schema() {
+    let results: Vec<PathBuf> = std::fs::read_dir(root().join("benches/results"))
+        .map(|dir| dir.filter_map(|e| Some(e.ok()?.path().join("results.json"))).filter(|p| p.is_file()).collect())
+        .unwrap_or_default();
+    let validator = validator();
+    let mut frameworks = std::collections::BTreeSet::new();
+    for path in &results {
+        let records: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        for (i, r) in records.iter().enumerate() {
+            assert_valid(&validator, r, &format!("{} record {i}", path.display()));
+            frameworks.insert(r["framework"].as_str().unwrap().to_string());
+        }
+    }
+    if !results.is_empty() {
+        assert_eq!(frameworks.into_iter().collect::<Vec<_>>(), ["ember", "pytorch"]);
+    }
+}
