@@ -283,9 +283,21 @@ pub fn run<B: AutodiffBackend>(
     let train_step_ms = Stats::of(step_ms);
     let steps_per_epoch = splits.train.len().div_ceil(batch);
     let (epoch_seconds, epoch_measured) = if settings.full_epoch {
-        let (trained, stats) = train::train_epoch(model, &mut optim, &splits.train, &config, 1, config.lr, 0, &mut |_| {});
+        let control = train::EpochControl {
+            start_step: 0,
+            done_loss_sum: 0.0,
+            done_seconds: 0.0,
+            global_step: 0,
+            check_every: 0,
+            on_step: &mut |_| {},
+            stop: &|| false,
+        };
+        let (trained, end) = train::train_epoch(model, &mut optim, &splits.train, &config, 1, config.lr, control);
         model = trained;
-        (stats.seconds, true)
+        match end {
+            train::EpochEnd::Done(stats) => (stats.seconds, true),
+            other => panic!("benchmark epoch did not complete: {other:?}"),
+        }
     } else {
         (train_step_ms.median * steps_per_epoch as f64 / 1e3, false)
     };

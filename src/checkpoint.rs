@@ -1,19 +1,47 @@
-//! Run directories: `config.json` (the resolved [`TrainConfig`]) and burn records of the model
-//! (`model.mpk`), written atomically so that a crash never leaves a half-written checkpoint.
+//! Run directories: `config.json` (the resolved [`TrainConfig`]), and checkpoints: burn records
+//! of the model and the optimizer plus `state.json`, which says where training stands.
+//!
+//! A checkpoint is committed in three atomic writes (temporary file, fsync, rename): the model
+//! record, the optimizer record, each under a new name, then `state.json` naming both. Only
+//! then are the files of the previous checkpoint removed, so a crash at any point leaves the
+//! last complete checkpoint loadable.
 
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use burn::module::Module;
+use burn::optim::Optimizer as _;
 use burn::record::{FullPrecisionSettings, NamedMpkBytesRecorder, Recorder};
-use burn::tensor::backend::Backend;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
 use crate::model::Model;
+use crate::optim::Optimizer;
 
 pub const CONFIG_FILE: &str = "config.json";
-pub const MODEL_FILE: &str = "model.mpk";
+pub const STATE_FILE: &str = "state.json";
+
+/// Where training stands at a checkpoint.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrainState {
+    /// Completed epochs.
+    pub epoch: usize,
+    /// Steps already done in epoch `epoch` (0-based) when the checkpoint was taken inside it
+    /// (an interrupted run); 0 at epoch boundaries.
+    pub step_in_epoch: usize,
+    /// Optimizer steps since the start of the run.
+    pub global_step: usize,
+    /// Sum of the batch losses of the interrupted epoch's done steps.
+    pub partial_loss_sum: f64,
+    /// Training seconds of the interrupted epoch's done steps.
+    pub partial_seconds: f64,
+    /// Model record file, in the run directory.
+    pub model_file: String,
+    /// Optimizer record file; none for imported weights.
+    pub optimizer_file: Option<String>,
+}
 
 type Rec = NamedMpkBytesRecorder<FullPrecisionSettings>;
 
@@ -36,8 +64,16 @@ pub enum CheckpointError {
         #[source]
         source: serde_json::Error,
     },
-    #[error("{}: cannot decode the model record ({reason}); the file is corrupt or from another model", path.display())]
+    #[error("{}: cannot decode the record ({reason}); the file is corrupt or from another model", path.display())]
     Record { path: PathBuf, reason: String },
+    #[error("{}: invalid checkpoint state: {source}", path.display())]
+    State {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{}: the checkpoint has no optimizer state (imported weights?); it can be evaluated, not resumed", .0.display())]
+    NoOptimizer(PathBuf),
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -122,22 +158,84 @@ impl RunDir {
         serde_json::from_slice(&bytes).map_err(|source| CheckpointError::Config { path, source })
     }
 
-    pub fn save_model<B: Backend>(&self, model: &Model<B>) -> Result<(), CheckpointError> {
+    /// Commits a checkpoint: `model`, the optimizer record bytes (see [`optimizer_bytes`]) and
+    /// `state` (whose file names are filled in here); then removes older record files.
+    pub fn save_checkpoint<B: Backend>(
+        &self,
+        model: &Model<B>,
+        optimizer: Option<Vec<u8>>,
+        mut state: TrainState,
+    ) -> Result<(), CheckpointError> {
+        let tag = format!("e{:04}-s{:07}", state.epoch, state.global_step);
+        state.model_file = format!("model-{tag}.mpk");
         let bytes = Recorder::<B>::record(&Rec::default(), model.clone().into_record(), ())
             .expect("in-memory records serialise");
-        write_atomic(&self.file(MODEL_FILE), &bytes)
+        write_atomic(&self.file(&state.model_file), &bytes)?;
+        state.optimizer_file = match optimizer {
+            Some(bytes) => {
+                let name = format!("optimizer-{tag}.mpk");
+                write_atomic(&self.file(&name), &bytes)?;
+                Some(name)
+            }
+            None => None,
+        };
+        let json = serde_json::to_vec_pretty(&state).expect("states serialise");
+        write_atomic(&self.file(STATE_FILE), &json)?;
+        // The new checkpoint is committed: older records can go.
+        let keep = [Some(state.model_file.as_str()), state.optimizer_file.as_deref()];
+        for entry in fs::read_dir(&self.path).map_err(io(&self.path))?.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let record = (name.starts_with("model-") || name.starts_with("optimizer-")) && name.ends_with(".mpk");
+            if record && !keep.contains(&Some(name.as_str())) {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+        Ok(())
     }
 
-    /// The model saved in this run, built as `config` describes.
-    pub fn load_model<B: Backend>(&self, config: &TrainConfig, device: &B::Device) -> Result<Model<B>, CheckpointError> {
-        let path = self.file(MODEL_FILE);
+    pub fn load_state(&self) -> Result<TrainState, CheckpointError> {
+        let path = self.file(STATE_FILE);
         let bytes = fs::read(&path).map_err(io(&path))?;
-        let record = Recorder::<B>::load(&Rec::default(), bytes, device).map_err(|e| CheckpointError::Record {
-            path: path.clone(),
+        serde_json::from_slice(&bytes).map_err(|source| CheckpointError::State { path, source })
+    }
+
+    fn load_record<B: Backend, R: burn::record::Record<B>>(&self, name: &str, device: &B::Device) -> Result<R, CheckpointError> {
+        let path = self.file(name);
+        let bytes = fs::read(&path).map_err(io(&path))?;
+        Recorder::<B>::load(&Rec::default(), bytes, device).map_err(|e| CheckpointError::Record {
+            path,
             reason: e.to_string(),
-        })?;
+        })
+    }
+
+    /// The latest checkpoint's model, built as `config` describes.
+    pub fn load_model<B: Backend>(&self, config: &TrainConfig, device: &B::Device) -> Result<Model<B>, CheckpointError> {
+        let state = self.load_state()?;
+        let record = self.load_record::<B, _>(&state.model_file, device)?;
         Ok(config.model.init::<B>(device).load_record(record))
     }
+
+    /// The latest checkpoint's model, optimizer and state, to resume training.
+    pub fn load_training<B: AutodiffBackend>(
+        &self,
+        config: &TrainConfig,
+        device: &B::Device,
+    ) -> Result<(Model<B>, Optimizer<Model<B>, B>, TrainState), CheckpointError> {
+        let state = self.load_state()?;
+        let name = state
+            .optimizer_file
+            .clone()
+            .ok_or_else(|| CheckpointError::NoOptimizer(self.file(STATE_FILE)))?;
+        let model = self.load_model::<B>(config, device)?;
+        let record = self.load_record::<B, _>(&name, device)?;
+        let optim = config.optimizer.init::<B, Model<B>>().load_record(record);
+        Ok((model, optim, state))
+    }
+}
+
+/// The optimizer's state as record bytes, for [`RunDir::save_checkpoint`].
+pub fn optimizer_bytes<B: AutodiffBackend>(optim: &Optimizer<Model<B>, B>) -> Vec<u8> {
+    Recorder::<B>::record(&Rec::default(), optim.to_record(), ()).expect("in-memory records serialise")
 }
 
 /// `YYYYmmdd-HHMMSS` in UTC.
@@ -198,7 +296,7 @@ mod tests {
         let device = Default::default();
         let model = init_model::<NdArray>(&config, &device);
         run.save_config(&config).unwrap();
-        run.save_model(&model).unwrap();
+        run.save_checkpoint(&model, None, TrainState::default()).unwrap();
         let reopened = RunDir::open(&run.path).unwrap();
         let loaded_config = reopened.load_config().unwrap();
         assert_eq!(loaded_config, config);
@@ -207,9 +305,14 @@ mod tests {
             panic!("wrong model kind")
         };
         a.fc1.weight.val().into_data().assert_eq(&b.fc1.weight.val().into_data(), true);
-        // No temporary files left behind.
+        // No temporary files left behind: config, state, model.
         let names: Vec<_> = fs::read_dir(&run.path).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(names.len(), 2, "{names:?}");
+        assert_eq!(names.len(), 3, "{names:?}");
+        // Imported-style checkpoints have no optimizer to resume from.
+        let Err(err) = reopened.load_training::<burn::backend::Autodiff<NdArray>>(&loaded_config, &device) else {
+            panic!("resumed a checkpoint without optimizer state")
+        };
+        assert!(err.to_string().contains("no optimizer state"), "{err}");
     }
 
     #[test]
@@ -218,9 +321,15 @@ mod tests {
         let run = RunDir::create(dir.path().join("run")).unwrap();
         let config = Recipe::PytorchExample.config();
         run.save_config(&config).unwrap();
-        fs::write(run.file(MODEL_FILE), b"\x93garbage").unwrap();
+        let model = init_model::<NdArray>(&config, &Default::default());
+        run.save_checkpoint(&model, None, TrainState::default()).unwrap();
+        let state = run.load_state().unwrap();
+        fs::write(run.file(&state.model_file), b"\x93garbage").unwrap();
         let err = run.load_model::<NdArray>(&config, &Default::default()).unwrap_err().to_string();
-        assert!(err.contains("model.mpk") && err.contains("corrupt"), "{err}");
+        assert!(err.contains(&state.model_file) && err.contains("corrupt"), "{err}");
+        fs::write(run.file(STATE_FILE), b"{\"epoch\": -1}").unwrap();
+        let err = run.load_model::<NdArray>(&config, &Default::default()).unwrap_err().to_string();
+        assert!(err.contains("state.json") && err.contains("invalid checkpoint state"), "{err}");
         fs::write(run.file(CONFIG_FILE), b"{\"recipe\": 3}").unwrap();
         let err = run.load_config().unwrap_err().to_string();
         assert!(err.contains("config.json"), "{err}");

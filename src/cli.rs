@@ -15,6 +15,7 @@ use crate::model::ModelKind;
 use crate::optim::OptimizerKind;
 use crate::train::{self, EvalStats, Splits};
 
+
 /// Train and evaluate CNNs on MNIST-format data with burn, the dataset kept on the device.
 #[derive(Debug, Parser)]
 #[command(name = "ember", version, propagate_version = true)]
@@ -35,8 +36,40 @@ pub enum Command {
     Compare(CompareArgs),
     /// Convert a PyTorch state_dict (`torch.save(model.state_dict(), PATH)`) into a checkpoint.
     Import(ImportArgs),
+    /// Classify image files (PNG, JPEG) with a checkpoint: digit and top-3 probabilities.
+    Predict(PredictArgs),
+    /// Redraw curves.png from runs' metrics.csv; several runs are overlaid.
+    Plot(PlotArgs),
     /// Show the compiled backends and the device a run would use.
     Info(InfoArgs),
+}
+
+/// `ember predict`.
+#[derive(Debug, Args)]
+pub struct PredictArgs {
+    /// Run directory with the checkpoint to use.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: PathBuf,
+    /// Print one JSON array instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceArg,
+    /// Images to classify, any size or colour; light backgrounds are inverted.
+    #[arg(required = true, value_name = "IMAGE")]
+    pub images: Vec<PathBuf>,
+}
+
+/// `ember plot`.
+#[derive(Debug, Args)]
+pub struct PlotArgs {
+    /// Run directories (each with metrics.csv).
+    #[arg(required = true, value_name = "RUN_DIR")]
+    pub runs: Vec<PathBuf>,
+    /// Output PNG [default: RUN_DIR/curves.png for one run; curves.png for several].
+    #[arg(long, value_name = "PATH")]
+    pub out: Option<PathBuf>,
 }
 
 /// Where the data comes from.
@@ -112,7 +145,12 @@ pub struct TrainArgs {
     /// Train on the first N training images only (after the validation split).
     #[arg(long, value_name = "N")]
     pub limit_train: Option<usize>,
-    /// Print the training loss every N batches (reads it from the device each time).
+    /// Evaluate on the first N test images only.
+    #[arg(long, value_name = "N")]
+    pub limit_test: Option<usize>,
+    /// Check the training loss every N batches (a device sync each time): printed as a line
+    /// when stderr is not a terminal, shown in the progress bar when it is [default: 10 with a
+    /// progress bar, else 100, not printed].
     #[arg(long, value_name = "N")]
     pub log_interval: Option<usize>,
     /// Write the model checkpoint into the run directory after each epoch (--save-model=false: don't).
@@ -121,6 +159,16 @@ pub struct TrainArgs {
     /// Where config and checkpoints go; must not exist or be empty [default: runs/<recipe>-<UTC time>].
     #[arg(long, value_name = "DIR")]
     pub run_dir: Option<PathBuf>,
+    /// Continue the run in DIR from its last checkpoint, with its own settings (--epochs N
+    /// extends it).
+    #[arg(long, value_name = "DIR", conflicts_with_all = [
+        "recipe", "model", "optimizer", "batch_size", "test_batch_size", "lr", "gamma", "step_size",
+        "weight_decay", "seed", "mean", "std", "valid_size", "limit_train", "limit_test", "run_dir", "dataset",
+    ])]
+    pub resume: Option<PathBuf>,
+    /// Print only the final result (no progress bars, no per-epoch lines).
+    #[arg(long, short)]
+    pub quiet: bool,
     /// auto, cpu, cuda or cuda:N [default: auto: the first CUDA device if compiled in and present, else cpu].
     #[arg(long, default_value = "auto")]
     pub device: DeviceArg,
@@ -152,6 +200,7 @@ impl TrainArgs {
             c.normalization.std = std;
         }
         c.limit_train = self.limit_train;
+        c.limit_test = self.limit_test;
         c
     }
 }
@@ -159,7 +208,7 @@ impl TrainArgs {
 /// `ember eval`.
 #[derive(Debug, Args)]
 pub struct EvalArgs {
-    /// Run directory written by `ember train` (config.json + model.mpk).
+    /// Run directory written by `ember train` or `ember import` (its latest checkpoint).
     #[arg(long, value_name = "DIR")]
     pub checkpoint: PathBuf,
     /// Input batch size for testing [default: the checkpoint's].
@@ -294,7 +343,81 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(args) => bench_command(args),
         Command::Compare(args) => compare_command(args),
         Command::Import(args) => import_command(args),
+        Command::Predict(args) => predict_command(args),
+        Command::Plot(args) => plot_command(args),
         Command::Info(args) => info_command(args),
+    }
+}
+
+fn plot_command(args: PlotArgs) -> Result<()> {
+    let mut runs = Vec::new();
+    for dir in &args.runs {
+        let rows = crate::metrics::read(dir)?;
+        let name = dir.file_name().map_or(dir.display().to_string(), |n| n.to_string_lossy().to_string());
+        runs.push((name, rows));
+    }
+    let out = args.out.clone().unwrap_or_else(|| match args.runs.as_slice() {
+        [one] => one.join(crate::metrics::CURVES_FILE),
+        _ => PathBuf::from(crate::metrics::CURVES_FILE),
+    });
+    crate::metrics::draw_curves(&out, &runs)?;
+    println!("{}", out.display());
+    Ok(())
+}
+
+fn predict_command(args: PredictArgs) -> Result<()> {
+    let run = RunDir::open(&args.checkpoint)?;
+    let config = run.load_config()?;
+    backend::resolve(args.device)?;
+    backend::dispatch(args.device, PredictTask { config, run, json: args.json, images: args.images })?
+}
+
+struct PredictTask {
+    config: TrainConfig,
+    run: RunDir,
+    json: bool,
+    images: Vec<PathBuf>,
+}
+
+impl BackendTask for PredictTask {
+    type Output = Result<()>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device, _info: DeviceInfo) -> Result<()> {
+        use crate::predict;
+        let Self { config, run, json, images } = self;
+        let model = run.load_model::<B::InnerBackend>(&config, &device)?;
+        let loaded: Vec<Result<_, predict::PredictError>> = images.iter().map(|p| predict::load(p)).collect();
+        let good: Vec<_> = loaded.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
+        let mut probs = predict::probabilities(&model, &good, config.normalization, &device).into_iter();
+        let mut entries = Vec::new();
+        let mut failed = 0;
+        for (path, result) in images.iter().zip(&loaded) {
+            let file = path.display().to_string();
+            match result {
+                Ok(_) => {
+                    let p = predict::top3(&file, &probs.next().expect("one row per image"));
+                    if !json {
+                        let guesses: Vec<String> = p
+                            .top3
+                            .iter()
+                            .map(|g| format!("{}: {:.2}%", config.dataset.class_name(g.class), 100.0 * g.probability))
+                            .collect();
+                        println!("{file}: {}  ({})", config.dataset.class_name(p.prediction), guesses.join(", "));
+                    }
+                    entries.push(serde_json::to_value(&p)?);
+                }
+                Err(e) => {
+                    failed += 1;
+                    eprintln!("Error: {e}");
+                    entries.push(serde_json::json!({ "file": file, "error": e.to_string() }));
+                }
+            }
+        }
+        if json {
+            println!("{}", serde_json::to_string_pretty(&entries)?);
+        }
+        anyhow::ensure!(failed == 0, "{failed} of {} files could not be classified", images.len());
+        Ok(())
     }
 }
 
@@ -353,7 +476,7 @@ fn import_command(args: ImportArgs) -> Result<()> {
     let model = crate::import::from_pytorch_file::<backend::Cpu>(args.model, &args.file, &device)?;
     let run = RunDir::create(args.out.clone())?;
     run.save_config(&config)?;
-    run.save_model(&model)?;
+    run.save_checkpoint(&model, None, crate::checkpoint::TrainState::default())?;
     println!(
         "imported {} ({}, {} parameters) into {}",
         args.file.display(),
@@ -365,22 +488,51 @@ fn import_command(args: ImportArgs) -> Result<()> {
 }
 
 fn train_command(args: TrainArgs) -> Result<()> {
-    let config = args.config();
-    config.validate()?;
-    // Validate the device before reading data: a wrong --device should fail at once.
-    backend::resolve(args.device)?;
-    let data = Mnist::load(&args.data.source(config.dataset))?;
-    let run = match &args.run_dir {
-        Some(dir) => RunDir::create(dir.clone())?,
-        None => RunDir::fresh_default(config.recipe.name())?,
+    let (config, run) = match &args.resume {
+        Some(dir) => {
+            let run = RunDir::open(dir)?;
+            let mut config = run.load_config()?;
+            if let Some(epochs) = args.epochs {
+                config.epochs = epochs;
+                run.save_config(&config)?;
+            }
+            (config, run)
+        }
+        None => {
+            let config = args.config();
+            config.validate()?;
+            // A wrong --device fails before data is read or a run directory is made.
+            backend::resolve(args.device)?;
+            let run = match &args.run_dir {
+                Some(dir) => RunDir::create(dir.clone())?,
+                None => RunDir::fresh_default(config.recipe.name())?,
+            };
+            (config, run)
+        }
     };
-    run.save_config(&config)?;
+    config.validate()?;
+    backend::resolve(args.device)?;
+    let data = match Mnist::load(&args.data.source(config.dataset)) {
+        Ok(data) => data,
+        Err(e) => {
+            // Nothing was written into a new run directory yet: do not leave it behind.
+            if args.resume.is_none() {
+                let _ = std::fs::remove_dir(&run.path);
+            }
+            return Err(e.into());
+        }
+    };
+    if args.resume.is_none() {
+        run.save_config(&config)?;
+    }
+    crate::run::install_interrupt_handler();
     let task = TrainTask {
         config,
         data,
         run,
+        resume: args.resume.is_some(),
         save_model: args.save_model,
-        log_interval: args.log_interval.unwrap_or(0),
+        output: crate::run::Output::new(args.quiet, args.log_interval.unwrap_or(0)),
     };
     backend::dispatch(args.device, task)?
 }
@@ -389,92 +541,30 @@ struct TrainTask {
     config: TrainConfig,
     data: Mnist,
     run: RunDir,
+    resume: bool,
     save_model: bool,
-    log_interval: usize,
+    output: crate::run::Output,
 }
 
 impl BackendTask for TrainTask {
     type Output = Result<()>;
 
     fn run<B: AutodiffBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
-        let Self { config, data, run, save_model, log_interval } = self;
+        let Self { config, data, run, resume, save_model, output } = self;
         let splits = Splits::<B::InnerBackend>::upload(&data, &config, &device)?;
         drop(data);
-        let mut model = train::init_model::<B>(&config, &device);
-        let mut optim = config.optimizer.init::<B, _>();
-        println!(
-            "ember train: recipe {}, {} ({} parameters), {} {} train / {} valid / {} test, {info}",
-            config.recipe.name(),
-            config.model.name(),
-            model.num_params(),
-            config.dataset,
-            splits.train.len(),
-            splits.valid.as_ref().map_or(0, DeviceSplit::len),
-            splits.test.len(),
-        );
-        println!("run directory: {}", run.path.display());
-        let schedule = config.schedule();
-        let mut last_test = None;
-        for epoch in 0..config.epochs {
-            let lr = schedule.lr(epoch);
-            let mut on_step = |s: train::StepInfo| {
-                if let Some(loss) = s.loss {
-                    println!(
-                        "train epoch {} [{}/{} ({:.0}%)] loss {loss:.6}",
-                        s.epoch + 1,
-                        s.seen,
-                        s.total,
-                        100.0 * s.seen as f64 / s.total as f64
-                    );
-                }
-            };
-            let (trained, stats) =
-                train::train_epoch(model, &mut optim, &splits.train, &config, epoch, lr, log_interval, &mut on_step);
-            model = trained;
-            if !stats.loss.is_finite() {
-                anyhow::bail!(
-                    "training loss became {} in epoch {}; lower --lr (now {lr}); the last good checkpoint in {} is kept",
-                    stats.loss,
-                    epoch + 1,
-                    run.path.display()
-                );
+        let start = if resume {
+            crate::run::Start::<B>::resume(&run, &config, &device)?
+        } else {
+            crate::run::Start::<B>::fresh(&config, &device)
+        };
+        if !output.quiet {
+            println!("{}", crate::run::header(&config, &start.model, &splits, &info.to_string(), &run));
+            if resume {
+                println!("resuming after {} completed epochs ({} steps)", start.state.epoch, start.state.global_step);
             }
-            let valid = splits
-                .valid
-                .as_ref()
-                .map(|v| train::evaluate_trained(&model, v, config.test_batch_size));
-            let test = train::evaluate_trained(&model, &splits.test, config.test_batch_size);
-            let mut line = format!(
-                "epoch {:>3}/{}  lr {lr:.6}  train loss {:.4}",
-                epoch + 1,
-                config.epochs,
-                stats.loss
-            );
-            if let Some(v) = valid {
-                line += &format!("  valid loss {:.4} accuracy {:.2}%", v.loss, 100.0 * v.accuracy());
-            }
-            line += &format!(
-                "  test loss {:.4} accuracy {}  train {:.1} s  {:.0} img/s  eval {:.1} s",
-                test.loss,
-                accuracy(&test),
-                stats.seconds,
-                stats.images_per_sec(),
-                test.seconds
-            );
-            println!("{line}");
-            if save_model {
-                run.save_model(&model)?;
-            }
-            last_test = Some(test);
         }
-        if let Some(test) = last_test {
-            let saved = if save_model {
-                format!("  checkpoint in {}", run.path.display())
-            } else {
-                String::new()
-            };
-            println!("final: test loss {:.4}  accuracy {}{saved}", test.loss, accuracy(&test));
-        }
+        crate::run::train(&config, &splits, &run, start, save_model, output)?;
         Ok(())
     }
 }
@@ -510,7 +600,11 @@ impl BackendTask for EvalTask {
         let model = run
             .load_model::<B::InnerBackend>(&config, &device)
             .with_context(|| format!("loading the checkpoint in {}", run.path.display()))?;
-        let test = DeviceSplit::<B::InnerBackend>::upload(&data.test, config.normalization, &device);
+        let mut test = data.test;
+        if let Some(n) = config.limit_test {
+            test.truncate(n);
+        }
+        let test = DeviceSplit::<B::InnerBackend>::upload(&test, config.normalization, &device);
         let stats = train::evaluate(&model, &test, config.test_batch_size);
         println!(
             "ember eval: {} ({}, {} test), {info}",

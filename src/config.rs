@@ -46,6 +46,7 @@ impl Recipe {
             normalization: Normalization::MNIST,
             valid_size: 0,
             limit_train: None,
+            limit_test: None,
         };
         match self {
             Self::PytorchExample => TrainConfig { gamma: 0.7, ..base },
@@ -93,6 +94,9 @@ pub struct TrainConfig {
     pub valid_size: usize,
     /// Train on the first N remaining training images only.
     pub limit_train: Option<usize>,
+    /// Evaluate on the first N test images only.
+    #[serde(default)]
+    pub limit_test: Option<usize>,
 }
 
 /// A setting that cannot work, named as its flag.
@@ -129,6 +133,9 @@ impl TrainConfig {
         }
         if self.limit_train == Some(0) {
             return Err(ConfigError::Zero { flag: "--limit-train", value: 0 });
+        }
+        if self.limit_test == Some(0) {
+            return Err(ConfigError::Zero { flag: "--limit-test", value: 0 });
         }
         for (flag, value) in [("--lr", self.lr), ("--gamma", self.gamma)] {
             if !(value.is_finite() && value > 0.0) {

@@ -4,6 +4,8 @@ fn main() {
     let cli = ember::cli::Cli::parse();
     if let Err(err) = ember::cli::run(cli) {
         eprintln!("Error: {err:#}");
-        std::process::exit(1);
+        // 128 + SIGINT, as a shell reports a process stopped by Ctrl-C.
+        let interrupted = matches!(err.downcast_ref(), Some(ember::run::RunError::Interrupted { .. }));
+        std::process::exit(if interrupted { 130 } else { 1 });
     }
 }

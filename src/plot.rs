@@ -165,6 +165,8 @@ pub fn line_panels(path: &Path, x_label: &str, panels: &[Panel]) -> Result<(), P
             .map_err(|x| e(x.to_string()))?;
         chart
             .configure_mesh()
+            .x_labels(((x_max - x_min).round() as usize + 1).clamp(2, 12))
+            .x_label_formatter(&|x| if (x - x.round()).abs() < 1e-9 { format!("{x:.0}") } else { String::new() })
             .x_desc(x_label)
             .y_desc(&panel.y_label)
             .label_style((FAMILY, 14))

@@ -64,23 +64,37 @@ impl<B: Backend> Splits<B> {
         if let Some(n) = config.limit_train {
             train.truncate(n);
         }
+        let mut test = data.test.clone();
+        if let Some(n) = config.limit_test {
+            test.truncate(n);
+        }
         let norm = config.normalization;
         Ok(Self {
             train: DeviceSplit::upload(&train, norm, device),
             valid: (!valid.is_empty()).then(|| DeviceSplit::upload(&valid, norm, device)),
-            test: DeviceSplit::upload(&data.test, norm, device),
+            test: DeviceSplit::upload(&test, norm, device),
         })
     }
 }
 
-/// A seed for epoch `epoch` of a run seeded `seed` (SplitMix64 of both), so that an epoch's
-/// shuffle and dropout masks depend only on the run's seed and the epoch number: a resumed run
-/// draws what an uninterrupted one would.
-pub fn epoch_seed(seed: u64, epoch: usize) -> u64 {
-    let mut z = seed ^ (epoch as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+/// SplitMix64 of `seed` and `index`: independent streams per epoch (shuffles) and per step
+/// (dropout), so that what a step draws depends only on the run's seed and the step's index,
+/// and a run resumed at any step boundary draws what an uninterrupted one would.
+pub fn mix_seed(seed: u64, index: u64) -> u64 {
+    let mut z = seed ^ (index + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// Seed of epoch `epoch`'s shuffle.
+pub fn epoch_seed(seed: u64, epoch: usize) -> u64 {
+    mix_seed(seed, epoch as u64)
+}
+
+/// Seed of the dropout masks of optimizer step `global_step`.
+pub fn step_seed(seed: u64, global_step: usize) -> u64 {
+    mix_seed(seed ^ 0xD1B5_4A32_D192_ED03, global_step as u64)
 }
 
 /// The order in which epoch `epoch` visits `len` training examples.
@@ -124,13 +138,13 @@ pub struct StepInfo {
 }
 
 /// Outcome of one training epoch.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EpochStats {
     /// Mean of the per-batch mean losses.
     pub loss: f64,
     pub steps: usize,
     pub images: usize,
-    /// Wall time of the epoch's steps, device synchronised at the end.
+    /// Wall time of the epoch's steps (of both parts, for a resumed epoch), device synchronised.
     pub seconds: f64,
 }
 
@@ -140,10 +154,40 @@ impl EpochStats {
     }
 }
 
-/// Trains `model` for one epoch at learning rate `lr`.
+/// Where an epoch starts and how it is watched.
+pub struct EpochControl<'a> {
+    /// Steps of this epoch already done (an interrupted epoch being resumed).
+    pub start_step: usize,
+    /// Their summed batch losses and training seconds.
+    pub done_loss_sum: f64,
+    pub done_seconds: f64,
+    /// Optimizer steps of the run before this epoch's first step still to do.
+    pub global_step: usize,
+    /// Read the loss and check it is finite every this many steps (each a device sync);
+    /// it is always checked at the end of the epoch.
+    pub check_every: usize,
+    /// Called after every step; the loss is read on the steps where it is checked.
+    pub on_step: &'a mut dyn FnMut(StepInfo),
+    /// Polled after every step; true stops the epoch there.
+    pub stop: &'a dyn Fn() -> bool,
+}
+
+/// How an epoch ended.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum EpochEnd {
+    Done(EpochStats),
+    /// Stopped by `stop` after `steps_done` steps of the epoch.
+    Stopped { steps_done: usize, loss_sum: f64, seconds: f64 },
+    /// The loss of this step (1-based, within the epoch) was NaN or infinite.
+    NonFinite { step: usize, steps: usize },
+}
+
+/// Trains `model` for epoch `epoch` at learning rate `lr`, from `control.start_step` on.
 ///
-/// `loss_every`: read the loss back every this many steps and pass it to `on_step` (a device
-/// sync each time); 0 never reads it mid-epoch.
+/// Each step reseeds the backend's generator from `(seed, global step)` before drawing dropout
+/// masks, and the epoch's order comes from `(seed, epoch)`: resuming at any step boundary
+/// reproduces the uninterrupted run. Non-finite losses are caught on the device (the first bad
+/// step is kept in a one-element tensor) and read at the checks, so no step waits for the host.
 pub fn train_epoch<B: AutodiffBackend>(
     mut model: Model<B>,
     optim: &mut Optimizer<Model<B>, B>,
@@ -151,42 +195,70 @@ pub fn train_epoch<B: AutodiffBackend>(
     config: &TrainConfig,
     epoch: usize,
     lr: f64,
-    loss_every: usize,
-    on_step: &mut dyn FnMut(StepInfo),
-) -> (Model<B>, EpochStats) {
+    control: EpochControl<'_>,
+) -> (Model<B>, EpochEnd) {
+    const NONE: f32 = f32::MAX;
     let device = train.images.device();
     let start = Instant::now();
     let len = train.len();
-    // Dropout draws from the backend's generator; `Autodiff` forwards seeding to its inner backend.
-    B::InnerBackend::seed(&device, epoch_seed(config.seed, epoch) ^ 1);
     let order = indices::<B::InnerBackend>(&epoch_permutation(config.seed, epoch, len), &device);
     let steps = len.div_ceil(config.batch_size);
-    let mut loss_sum = Tensor::<B::InnerBackend, 1>::zeros([1], &device);
-    for step in 0..steps {
+    let mut loss_sum = Tensor::<B::InnerBackend, 1>::from_floats([control.done_loss_sum as f32], &device);
+    let mut first_bad = Tensor::<B::InnerBackend, 1>::from_floats([NONE], &device);
+    let bad_step = |first_bad: &Tensor<B::InnerBackend, 1>| {
+        let step = scalar(first_bad.clone());
+        (step < NONE as f64).then_some(step as usize)
+    };
+    for step in control.start_step..steps {
         let begin = step * config.batch_size;
         let end = (begin + config.batch_size).min(len);
         let (images, targets) = train.gather(order.clone().slice(begin..end));
+        // Dropout draws from the backend's generator; `Autodiff` forwards seeding to its inner backend.
+        B::InnerBackend::seed(&device, step_seed(config.seed, control.global_step + step - control.start_step));
         let (trained, batch_loss) = train_step(model, optim, images, targets, lr);
         model = trained;
-        let read = loss_every > 0 && ((step + 1) % loss_every == 0 || step + 1 == steps);
-        on_step(StepInfo {
+        // x - x is NaN exactly when x is NaN or infinite.
+        let non_finite = batch_loss.clone().sub(batch_loss.clone()).is_nan();
+        let unset = first_bad.clone().equal_elem(NONE);
+        first_bad = first_bad.mask_fill(non_finite.bool_and(unset), (step + 1) as f32);
+        let check = control.check_every > 0 && (step + 1) % control.check_every == 0;
+        (control.on_step)(StepInfo {
             epoch,
             step: step + 1,
             steps,
             seen: end,
             total: len,
-            loss: read.then(|| scalar(batch_loss.clone())),
+            loss: check.then(|| scalar(batch_loss.clone())),
         });
         loss_sum = loss_sum + batch_loss;
+        if check {
+            if let Some(step) = bad_step(&first_bad) {
+                return (model, EpochEnd::NonFinite { step, steps });
+            }
+        }
+        if (control.stop)() && step + 1 < steps {
+            let seconds = control.done_seconds + start.elapsed().as_secs_f64();
+            return (
+                model,
+                EpochEnd::Stopped {
+                    steps_done: step + 1,
+                    loss_sum: scalar(loss_sum),
+                    seconds,
+                },
+            );
+        }
+    }
+    if let Some(step) = bad_step(&first_bad) {
+        return (model, EpochEnd::NonFinite { step, steps });
     }
     let loss = scalar(loss_sum) / steps as f64;
     let stats = EpochStats {
         loss,
         steps,
         images: len,
-        seconds: start.elapsed().as_secs_f64(),
+        seconds: control.done_seconds + start.elapsed().as_secs_f64(),
     };
-    (model, stats)
+    (model, EpochEnd::Done(stats))
 }
 
 /// One optimizer step on a batch already on the device. Returns the updated model and the

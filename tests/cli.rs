@@ -198,7 +198,7 @@ fn eval_reproduces_the_accuracy_training_printed() {
         .output()
         .unwrap();
     assert_one_line_error(&again, &["already exists"]);
-    assert!(run_dir.join("model.mpk").is_file());
+    assert!(run_dir.join("state.json").is_file() && run_dir.join("metrics.csv").is_file());
 }
 
 #[test]

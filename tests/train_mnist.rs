@@ -8,7 +8,8 @@ use ember::backend::Cpu;
 use ember::checkpoint::RunDir;
 use ember::config::Recipe;
 use ember::data::{Dataset, Mnist, Source};
-use ember::train::{evaluate, evaluate_trained, init_model, train_epoch, Splits};
+use ember::checkpoint::TrainState;
+use ember::train::{evaluate, evaluate_trained, init_model, train_epoch, EpochControl, EpochEnd, Splits};
 
 #[test]
 fn one_epoch_on_20k_images_reaches_97_percent_and_reloads_identically() {
@@ -27,7 +28,17 @@ fn one_epoch_on_20k_images_reaches_97_percent_and_reloads_identically() {
 
     let model = init_model::<Autodiff<Cpu>>(&config, &device);
     let mut optim = config.optimizer.init();
-    let (model, stats) = train_epoch(model, &mut optim, &splits.train, &config, 0, config.lr, 0, &mut |_| {});
+    let control = EpochControl {
+        start_step: 0,
+        done_loss_sum: 0.0,
+        done_seconds: 0.0,
+        global_step: 0,
+        check_every: 0,
+        on_step: &mut |_| {},
+        stop: &|| false,
+    };
+    let (model, end) = train_epoch(model, &mut optim, &splits.train, &config, 0, config.lr, control);
+    let EpochEnd::Done(stats) = end else { panic!("epoch ended with {end:?}") };
     assert_eq!(stats.steps, 313);
     let test = evaluate_trained(&model, &splits.test, config.test_batch_size);
     eprintln!(
@@ -45,7 +56,7 @@ fn one_epoch_on_20k_images_reaches_97_percent_and_reloads_identically() {
     let dir = tempfile::tempdir().unwrap();
     let run = RunDir::create(dir.path().join("run")).unwrap();
     run.save_config(&config).unwrap();
-    run.save_model(&model).unwrap();
+    run.save_checkpoint(&model, None, TrainState::default()).unwrap();
     let reloaded = run.load_model::<Cpu>(&run.load_config().unwrap(), &device).unwrap();
     let again = evaluate(&reloaded, &splits.test, config.test_batch_size);
     assert_eq!((again.correct, again.loss), (test.correct, test.loss));

@@ -140,6 +140,17 @@ impl Dataset {
         }
     }
 
+    /// A class's name: the digit for MNIST, the garment for Fashion-MNIST.
+    pub fn class_name(self, class: usize) -> String {
+        const FASHION: [&str; NUM_CLASSES] = [
+            "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+        ];
+        match self {
+            Dataset::Mnist => class.to_string(),
+            Dataset::FashionMnist => FASHION.get(class).map_or(class.to_string(), |n| format!("{class} ({n})")),
+        }
+    }
+
     /// The default data directory: `data/<name>`.
     pub fn default_dir(self) -> PathBuf {
         Path::new("data").join(self.name())

@@ -1,0 +1,182 @@
+//! Per-epoch metrics of a run: `metrics.csv` (rewritten atomically after every epoch) and the
+//! `curves.png` drawn from it.
+
+use std::path::{Path, PathBuf};
+
+use crate::checkpoint::{write_atomic, CheckpointError};
+use crate::plot::{line_panels, Line, Panel, PlotError};
+
+pub const METRICS_FILE: &str = "metrics.csv";
+pub const CURVES_FILE: &str = "curves.png";
+
+const HEADER: &str = "epoch,step,lr,train_loss,valid_loss,valid_accuracy,test_loss,test_accuracy,seconds,images_per_sec";
+
+/// One epoch's line of `metrics.csv`. Accuracies are fractions; `step` counts optimizer steps
+/// since the start of the run; `seconds` is the epoch's training time.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MetricsRow {
+    pub epoch: usize,
+    pub step: usize,
+    pub lr: f64,
+    pub train_loss: f64,
+    pub valid_loss: Option<f64>,
+    pub valid_accuracy: Option<f64>,
+    pub test_loss: f64,
+    pub test_accuracy: f64,
+    pub seconds: f64,
+    pub images_per_sec: f64,
+}
+
+/// Errors reading metrics; they name the file and line.
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}:{line}: {reason}", path.display())]
+    Parse { path: PathBuf, line: usize, reason: String },
+    #[error(transparent)]
+    Write(#[from] CheckpointError),
+    #[error(transparent)]
+    Plot(#[from] PlotError),
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map(|v| v.to_string()).unwrap_or_default()
+}
+
+/// `rows` as CSV text, header first.
+pub fn to_csv(rows: &[MetricsRow]) -> String {
+    let mut s = format!("{HEADER}\n");
+    for r in rows {
+        s += &format!(
+            "{},{},{},{},{},{},{},{},{},{}\n",
+            r.epoch,
+            r.step,
+            r.lr,
+            r.train_loss,
+            opt(r.valid_loss),
+            opt(r.valid_accuracy),
+            r.test_loss,
+            r.test_accuracy,
+            r.seconds,
+            r.images_per_sec
+        );
+    }
+    s
+}
+
+pub fn write(dir: &Path, rows: &[MetricsRow]) -> Result<(), MetricsError> {
+    Ok(write_atomic(&dir.join(METRICS_FILE), to_csv(rows).as_bytes())?)
+}
+
+/// Reads `dir/metrics.csv`; a run without epochs yet has an empty list.
+pub fn read(dir: &Path) -> Result<Vec<MetricsRow>, MetricsError> {
+    let path = dir.join(METRICS_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|source| MetricsError::Io { path: path.clone(), source })?;
+    let mut lines = text.lines().enumerate();
+    match lines.next() {
+        Some((_, h)) if h == HEADER => {}
+        _ => {
+            return Err(MetricsError::Parse {
+                path,
+                line: 1,
+                reason: format!("expected the header {HEADER}"),
+            })
+        }
+    }
+    lines
+        .filter(|(_, l)| !l.is_empty())
+        .map(|(i, line)| {
+            let bad = |reason: String| MetricsError::Parse { path: path.clone(), line: i + 1, reason };
+            let f: Vec<&str> = line.split(',').collect();
+            if f.len() != 10 {
+                return Err(bad(format!("{} fields, expected 10", f.len())));
+            }
+            let num = |k: usize| f[k].parse::<f64>().map_err(|e| bad(format!("field {}: {e}", k + 1)));
+            let maybe = |k: usize| if f[k].is_empty() { Ok(None) } else { num(k).map(Some) };
+            Ok(MetricsRow {
+                epoch: f[0].parse().map_err(|e| bad(format!("epoch: {e}")))?,
+                step: f[1].parse().map_err(|e| bad(format!("step: {e}")))?,
+                lr: num(2)?,
+                train_loss: num(3)?,
+                valid_loss: maybe(4)?,
+                valid_accuracy: maybe(5)?,
+                test_loss: num(6)?,
+                test_accuracy: num(7)?,
+                seconds: num(8)?,
+                images_per_sec: num(9)?,
+            })
+        })
+        .collect()
+}
+
+/// Draws loss and accuracy per epoch for one or several runs (`(name, rows)`) into `path`.
+pub fn draw_curves(path: &Path, runs: &[(String, Vec<MetricsRow>)]) -> Result<(), MetricsError> {
+    let prefix = |name: &str, what: &str| if runs.len() > 1 { format!("{name} {what}") } else { what.to_string() };
+    let mut loss = Vec::new();
+    let mut accuracy = Vec::new();
+    for (name, rows) in runs {
+        let points = |f: &dyn Fn(&MetricsRow) -> Option<f64>| -> Vec<(f64, f64)> {
+            rows.iter().filter_map(|r| f(r).map(|v| (r.epoch as f64, v))).collect()
+        };
+        loss.push(Line { name: prefix(name, "train"), points: points(&|r| Some(r.train_loss)) });
+        loss.push(Line { name: prefix(name, "test"), points: points(&|r| Some(r.test_loss)) });
+        accuracy.push(Line { name: prefix(name, "test"), points: points(&|r| Some(100.0 * r.test_accuracy)) });
+        if rows.iter().any(|r| r.valid_loss.is_some()) {
+            loss.push(Line { name: prefix(name, "valid"), points: points(&|r| r.valid_loss) });
+            accuracy.push(Line { name: prefix(name, "valid"), points: points(&|r| r.valid_accuracy.map(|a| 100.0 * a)) });
+        }
+    }
+    line_panels(
+        path,
+        "epoch",
+        &[
+            Panel { title: "Loss".into(), y_label: "mean NLL".into(), lines: loss },
+            Panel { title: "Accuracy".into(), y_label: "% correct".into(), lines: accuracy },
+        ],
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(epoch: usize, valid: bool) -> MetricsRow {
+        MetricsRow {
+            epoch,
+            step: epoch * 938,
+            lr: 0.7f64.powi(epoch as i32 - 1),
+            train_loss: 0.3 / epoch as f64,
+            valid_loss: valid.then_some(0.1),
+            valid_accuracy: valid.then_some(0.97),
+            test_loss: 0.05,
+            test_accuracy: 0.9859,
+            seconds: 175.5,
+            images_per_sec: 342.9,
+        }
+    }
+
+    #[test]
+    fn csv_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let rows = vec![row(1, false), row(2, true)];
+        write(dir.path(), &rows).unwrap();
+        let text = std::fs::read_to_string(dir.path().join(METRICS_FILE)).unwrap();
+        assert!(text.starts_with("epoch,step,lr,train_loss"), "{text}");
+        assert!(text.contains("\n1,938,1,0.3,,,0.05,0.9859,175.5,342.9\n"), "{text}");
+        assert_eq!(read(dir.path()).unwrap(), rows);
+    }
+
+    #[test]
+    fn malformed_csv_names_the_line() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(METRICS_FILE), format!("{HEADER}\n1,2,3\n")).unwrap();
+        let err = read(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("metrics.csv:2") && err.contains("3 fields"), "{err}");
+    }
+}

@@ -1,0 +1,146 @@
+//! `ember predict`: classify image files (PNG, JPEG; any size or colour) with a checkpoint.
+//!
+//! Each image becomes what the model saw in training: grey, MNIST's polarity (light strokes on
+//! a dark background; an image whose border is light on average is inverted), padded to a
+//! square with its background and resized to 28x28, then normalised as the checkpoint's recipe.
+//! A 28x28 grey image with a dark background, such as an MNIST digit saved as PNG, passes
+//! through unchanged.
+
+use std::path::{Path, PathBuf};
+
+use burn::tensor::activation::softmax;
+use burn::tensor::backend::Backend;
+use ember_models::{Classifier, Output};
+use image::imageops::FilterType;
+use image::{GrayImage, Luma};
+use serde::Serialize;
+
+use crate::data::{DeviceSplit, Normalization, Split, IMAGE_PIXELS, IMAGE_SIDE};
+use crate::model::Model;
+
+/// A file that could not be classified.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: cannot read as an image ({reason})", path.display())]
+pub struct PredictError {
+    pub path: PathBuf,
+    pub reason: String,
+}
+
+/// One class and its probability.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Guess {
+    pub class: usize,
+    pub probability: f64,
+}
+
+/// The model's answer for one file.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Prediction {
+    pub file: String,
+    pub prediction: usize,
+    pub top3: Vec<Guess>,
+}
+
+/// Reads `path` and turns it into the 784 pixels the model expects.
+pub fn load(path: &Path) -> Result<[u8; IMAGE_PIXELS], PredictError> {
+    let img = image::open(path).map_err(|e| PredictError {
+        path: path.to_owned(),
+        reason: e.to_string(),
+    })?;
+    Ok(to_mnist(&img.to_luma8()))
+}
+
+/// Grey image to MNIST's 28x28 light-on-dark layout (see the module documentation).
+pub fn to_mnist(gray: &GrayImage) -> [u8; IMAGE_PIXELS] {
+    let (w, h) = gray.dimensions();
+    let border: Vec<u8> = gray
+        .enumerate_pixels()
+        .filter(|(x, y, _)| *x == 0 || *y == 0 || *x + 1 == w || *y + 1 == h)
+        .map(|(_, _, p)| p.0[0])
+        .collect();
+    let background = border.iter().map(|&v| f64::from(v)).sum::<f64>() / border.len().max(1) as f64;
+    let mut img = gray.clone();
+    if background > 127.5 {
+        image::imageops::invert(&mut img);
+    }
+    if (w, h) != (IMAGE_SIDE as u32, IMAGE_SIDE as u32) {
+        // Pad to a square with the (now dark) background so that the digit keeps its shape.
+        let side = w.max(h);
+        let fill = if background > 127.5 { 255 - background as u8 } else { background as u8 };
+        let mut square = GrayImage::from_pixel(side, side, Luma([fill]));
+        image::imageops::overlay(&mut square, &img, i64::from((side - w) / 2), i64::from((side - h) / 2));
+        img = image::imageops::resize(&square, IMAGE_SIDE as u32, IMAGE_SIDE as u32, FilterType::Triangle);
+    }
+    let mut out = [0u8; IMAGE_PIXELS];
+    out.copy_from_slice(img.as_raw());
+    out
+}
+
+/// Class probabilities for each image, `[n][classes]`.
+pub fn probabilities<B: Backend>(model: &Model<B>, images: &[[u8; IMAGE_PIXELS]], norm: Normalization, device: &B::Device) -> Vec<Vec<f64>> {
+    if images.is_empty() {
+        return Vec::new();
+    }
+    let split = Split {
+        images: images.iter().flatten().copied().collect(),
+        labels: vec![0; images.len()],
+    };
+    let on_device = DeviceSplit::<B>::upload(&split, norm, device);
+    let out = model.forward(on_device.images);
+    let probs = match model.output() {
+        Output::LogProbs => out.exp(),
+        Output::Logits => softmax(out, 1),
+    };
+    let classes = probs.dims()[1];
+    let values: Vec<f64> = probs.into_data().convert::<f64>().to_vec().expect("f64 data");
+    values.chunks(classes).map(<[f64]>::to_vec).collect()
+}
+
+/// The most likely class and the three most likely, for one image's probabilities.
+pub fn top3(file: &str, probs: &[f64]) -> Prediction {
+    let mut order: Vec<usize> = (0..probs.len()).collect();
+    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+    Prediction {
+        file: file.to_string(),
+        prediction: order[0],
+        top3: order.iter().take(3).map(|&c| Guess { class: c, probability: probs[c] }).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mnist_sized_dark_images_pass_unchanged() {
+        let mut img = GrayImage::new(28, 28);
+        img.put_pixel(14, 10, Luma([200]));
+        img.put_pixel(3, 27, Luma([17]));
+        let out = to_mnist(&img);
+        assert_eq!(&out[..], img.as_raw().as_slice());
+    }
+
+    #[test]
+    fn light_backgrounds_are_inverted_and_sizes_normalised() {
+        // A black bar on white paper, 56 wide and 28 high.
+        let mut img = GrayImage::from_pixel(56, 28, Luma([255]));
+        for y in 4..24 {
+            for x in 26..30 {
+                img.put_pixel(x, y, Luma([0]));
+            }
+        }
+        let out = to_mnist(&img);
+        // Background dark, the bar light, in the middle column.
+        assert_eq!(out[0], 0);
+        assert!(out[14 * 28 + 14] > 200 || out[14 * 28 + 13] > 200, "{:?}", &out[14 * 28..15 * 28]);
+        // Padded to a square first: the top rows (padding) stay dark.
+        assert!(out[..28 * 6].iter().all(|&p| p < 10));
+    }
+
+    #[test]
+    fn top3_orders_by_probability() {
+        let p = top3("x.png", &[0.1, 0.6, 0.05, 0.25]);
+        assert_eq!(p.prediction, 1);
+        assert_eq!(p.top3.iter().map(|g| g.class).collect::<Vec<_>>(), vec![1, 3, 0]);
+    }
+}

@@ -1,0 +1,206 @@
+//! Runs as a user lives them: killed and resumed, diverging, predicting on image files,
+//! plotting; all through the `ember` binary on real MNIST.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command as Process, Stdio};
+
+use assert_cmd::cargo::CommandCargoExt;
+use assert_cmd::Command;
+use burn::backend::NdArray;
+use ember::checkpoint::RunDir;
+use ember::import::to_pytorch_tensors;
+
+fn shared_mnist() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mnist")
+}
+
+fn ember() -> Command {
+    let mut cmd = Command::cargo_bin("ember").unwrap();
+    cmd.env("EMBER_OFFLINE", "true").env_remove("EMBER_DATA_DIR");
+    cmd
+}
+
+/// Training flags of a small, quick run: 10 steps per epoch, 1,000 test images.
+const SMALL: [&str; 8] = ["--limit-train", "640", "--limit-test", "1000", "--device", "cpu", "--log-interval", "1"];
+
+fn train_args(run_dir: &Path, epochs: &str) -> Vec<String> {
+    let mut v: Vec<String> = ["train", "--epochs", epochs].iter().map(|s| s.to_string()).collect();
+    v.extend(SMALL.iter().map(|s| s.to_string()));
+    v.extend(["--data-dir".into(), shared_mnist().display().to_string(), "--run-dir".into(), run_dir.display().to_string()]);
+    v
+}
+
+/// Every parameter of the run's latest checkpoint, by name.
+fn weights(run_dir: &Path) -> Vec<(String, Vec<f32>)> {
+    let run = RunDir::open(run_dir).unwrap();
+    let config = run.load_config().unwrap();
+    let model = run.load_model::<NdArray>(&config, &Default::default()).unwrap();
+    to_pytorch_tensors(&model).into_iter().map(|(n, d)| (n, d.to_vec().unwrap())).collect()
+}
+
+#[test]
+fn a_run_killed_mid_epoch_and_resumed_ends_with_the_same_weights() {
+    let dir = tempfile::tempdir().unwrap();
+    let straight = dir.path().join("straight");
+    let killed = dir.path().join("killed");
+    ember().args(train_args(&straight, "3")).assert().success();
+
+    // Start the same run and SIGKILL it in the middle of epoch 2.
+    let mut child = Process::cargo_bin("ember")
+        .unwrap()
+        .env("EMBER_OFFLINE", "true")
+        .args(train_args(&killed, "3"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut seen = Vec::new();
+    for line in stdout.lines() {
+        let line = line.unwrap();
+        let stop = line.starts_with("train epoch 2 [320/640");
+        seen.push(line);
+        if stop {
+            break;
+        }
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert!(seen.iter().any(|l| l.starts_with("epoch   1/3")), "{seen:#?}");
+    assert!(!seen.iter().any(|l| l.starts_with("epoch   2/3")), "killed too late: {seen:#?}");
+
+    let state = std::fs::read_to_string(killed.join("state.json")).unwrap();
+    assert!(state.contains("\"epoch\": 1"), "{state}");
+    let resumed = ember()
+        .args(["train", "--resume"])
+        .arg(&killed)
+        .args(["--data-dir"])
+        .arg(shared_mnist())
+        .args(["--device", "cpu"])
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&resumed.stdout);
+    assert!(resumed.status.success(), "{out}\n{}", String::from_utf8_lossy(&resumed.stderr));
+    assert!(out.contains("resuming after 1 completed epochs (10 steps)"), "{out}");
+
+    let (a, b) = (weights(&straight), weights(&killed));
+    assert_eq!(a.len(), 8);
+    for ((name, x), (_, y)) in a.iter().zip(&b) {
+        let differing = x.iter().zip(y).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
+        assert_eq!(differing, 0, "{name}: {differing} of {} values differ after resume", x.len());
+    }
+    // The metrics agree too (training seconds aside).
+    let metrics = |d: &Path| -> Vec<String> {
+        std::fs::read_to_string(d.join("metrics.csv"))
+            .unwrap()
+            .lines()
+            .map(|l| l.split(',').take(8).collect::<Vec<_>>().join(","))
+            .collect()
+    };
+    assert_eq!(metrics(&straight), metrics(&killed));
+    assert_eq!(metrics(&killed).len(), 4);
+
+    // Resuming a finished run says so.
+    let again = ember().args(["train", "--resume"]).arg(&killed).args(["--data-dir"]).arg(shared_mnist()).output().unwrap();
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("is complete (3 of 3 epochs)"));
+}
+
+#[test]
+fn a_diverging_run_stops_naming_epoch_and_step_and_keeps_the_last_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("diverged");
+    let mut args = train_args(&run, "2");
+    // PyTorch's example at --lr 1e12 also turns NaN at step 2; at 1e6 both stay finite.
+    args.extend(["--lr".into(), "1e12".into()]);
+    let out = ember().args(&args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.starts_with("Error: training loss is not finite"), "{stderr}");
+    assert!(stderr.contains("at epoch 1, step 2 of 10 (lr 1.000e12)"), "{stderr}");
+    assert!(stderr.contains("last good checkpoint (epoch 0)"), "{stderr}");
+    // The checkpoint written before training (epoch 0) still loads and evaluates.
+    ember()
+        .args(["eval", "--device", "cpu", "--checkpoint"])
+        .arg(&run)
+        .args(["--data-dir"])
+        .arg(shared_mnist())
+        .assert()
+        .success()
+        .stdout(predicates::str::contains("/1000)"));
+}
+
+#[test]
+fn predict_on_pngs_of_test_images_agrees_with_the_model_and_reports_bad_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    ember().args(train_args(&run, "1")).assert().success();
+
+    // PNGs of the first 12 MNIST test images, written here with the image crate.
+    let data = ember::data::Mnist::load(&ember::data::Source {
+        dataset: ember::data::Dataset::Mnist,
+        dir: shared_mnist(),
+        download: false,
+    })
+    .unwrap();
+    let mut files = Vec::new();
+    for i in 0..12 {
+        let pixels = data.test.images[i * 784..(i + 1) * 784].to_vec();
+        let img = image::GrayImage::from_raw(28, 28, pixels).unwrap();
+        let path = dir.path().join(format!("test-{i}.png"));
+        img.save(&path).unwrap();
+        files.push(path);
+    }
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, "not an image").unwrap();
+
+    // What the model predicts for those images through the evaluation path.
+    let run_dir = RunDir::open(&run).unwrap();
+    let config = run_dir.load_config().unwrap();
+    let device = Default::default();
+    let model = run_dir.load_model::<NdArray>(&config, &device).unwrap();
+    let split = ember::data::DeviceSplit::<NdArray>::upload(&data.test, config.normalization, &device);
+    let (images, _) = split.range(0, 12);
+    use ember_models::Classifier;
+    let expected: Vec<i64> = model.forward(images).argmax(1).into_data().convert::<i64>().to_vec().unwrap();
+
+    let out = ember()
+        .args(["predict", "--json", "--checkpoint"])
+        .arg(&run)
+        .args(&files[..6])
+        .arg(&text)
+        .args(&files[6..])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("notes.txt: cannot read as an image"), "{stderr}");
+    assert!(stderr.contains("1 of 13 files could not be classified"), "{stderr}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let entries = json.as_array().unwrap();
+    assert_eq!(entries.len(), 13);
+    assert!(entries[6]["error"].as_str().unwrap().contains("notes.txt"));
+    let predicted: Vec<i64> = entries
+        .iter()
+        .filter(|e| e.get("prediction").is_some())
+        .map(|e| e["prediction"].as_i64().unwrap())
+        .collect();
+    assert_eq!(predicted, expected);
+    let p: f64 = entries[0]["top3"].as_array().unwrap().iter().map(|g| g["probability"].as_f64().unwrap()).sum();
+    assert!(p > 0.0 && p <= 1.0 + 1e-6, "{p}");
+
+    // Text output: one line per file, the digit first.
+    let out = ember().args(["predict", "--checkpoint"]).arg(&run).arg(&files[0]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(stdout.starts_with(&format!("{}: {}  (", files[0].display(), expected[0])), "{stdout}");
+
+    // ember plot redraws the curves, and overlays runs.
+    std::fs::remove_file(run.join("curves.png")).unwrap();
+    ember().args(["plot"]).arg(&run).assert().success();
+    assert!(run.join("curves.png").is_file());
+    let both = dir.path().join("both.png");
+    ember().args(["plot", "--out"]).arg(&both).arg(&run).arg(&run).assert().success();
+    assert!(std::fs::metadata(&both).unwrap().len() > 10_000);
+}
