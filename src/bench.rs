@@ -283,16 +283,7 @@ pub fn run<B: AutodiffBackend>(
     let train_step_ms = Stats::of(step_ms);
     let steps_per_epoch = splits.train.len().div_ceil(batch);
     let (epoch_seconds, epoch_measured) = if settings.full_epoch {
-        let control = train::EpochControl {
-            start_step: 0,
-            done_loss_sum: 0.0,
-            done_seconds: 0.0,
-            global_step: 0,
-            check_every: 0,
-            on_step: &mut |_| {},
-            stop: &|| false,
-        };
-        let (trained, end) = train::train_epoch(model, &mut optim, &splits.train, &config, 1, config.lr, control);
+        let (trained, end) = train::train_whole_epoch(model, &mut optim, &splits.train, &config, 1, config.lr);
         model = trained;
         match end {
             train::EpochEnd::Done(stats) => (stats.seconds, true),

@@ -261,6 +261,27 @@ pub fn train_epoch<B: AutodiffBackend>(
     (model, EpochEnd::Done(stats))
 }
 
+/// One whole epoch without progress reporting or stopping: [`train_epoch`] from its first step.
+pub fn train_whole_epoch<B: AutodiffBackend>(
+    model: Model<B>,
+    optim: &mut Optimizer<Model<B>, B>,
+    train: &DeviceSplit<B::InnerBackend>,
+    config: &TrainConfig,
+    epoch: usize,
+    lr: f64,
+) -> (Model<B>, EpochEnd) {
+    let control = EpochControl {
+        start_step: 0,
+        done_loss_sum: 0.0,
+        done_seconds: 0.0,
+        global_step: epoch * train.len().div_ceil(config.batch_size),
+        check_every: 0,
+        on_step: &mut |_| {},
+        stop: &|| false,
+    };
+    train_epoch(model, optim, train, config, epoch, lr, control)
+}
+
 /// One optimizer step on a batch already on the device. Returns the updated model and the
 /// batch's mean loss, still on the device (reading it is a sync).
 pub fn train_step<B: AutodiffBackend>(

@@ -9,7 +9,7 @@ use ember::checkpoint::RunDir;
 use ember::config::Recipe;
 use ember::data::{Dataset, Mnist, Source};
 use ember::checkpoint::TrainState;
-use ember::train::{evaluate, evaluate_trained, init_model, train_epoch, EpochControl, EpochEnd, Splits};
+use ember::train::{evaluate, evaluate_trained, init_model, train_whole_epoch, EpochEnd, Splits};
 
 #[test]
 fn one_epoch_on_20k_images_reaches_97_percent_and_reloads_identically() {
@@ -28,16 +28,7 @@ fn one_epoch_on_20k_images_reaches_97_percent_and_reloads_identically() {
 
     let model = init_model::<Autodiff<Cpu>>(&config, &device);
     let mut optim = config.optimizer.init();
-    let control = EpochControl {
-        start_step: 0,
-        done_loss_sum: 0.0,
-        done_seconds: 0.0,
-        global_step: 0,
-        check_every: 0,
-        on_step: &mut |_| {},
-        stop: &|| false,
-    };
-    let (model, end) = train_epoch(model, &mut optim, &splits.train, &config, 0, config.lr, control);
+    let (model, end) = train_whole_epoch(model, &mut optim, &splits.train, &config, 0, config.lr);
     let EpochEnd::Done(stats) = end else { panic!("epoch ended with {end:?}") };
     assert_eq!(stats.steps, 313);
     let test = evaluate_trained(&model, &splits.test, config.test_batch_size);
