@@ -569,10 +569,6 @@ impl BackendTask for TrainTask {
     }
 }
 
-fn accuracy(stats: &EvalStats) -> String {
-    format!("{:.2}% ({}/{})", 100.0 * stats.accuracy(), stats.correct, stats.total)
-}
-
 fn eval_command(args: EvalArgs) -> Result<()> {
     let run = RunDir::open(&args.checkpoint)?;
     let mut config = run.load_config()?;
@@ -615,7 +611,7 @@ impl BackendTask for EvalTask {
         println!(
             "test loss {:.4}  accuracy {}  {:.2} s  {:.0} img/s",
             stats.loss,
-            accuracy(&stats),
+            stats.accuracy_text(),
             stats.seconds,
             stats.images_per_sec()
         );

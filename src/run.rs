@@ -120,10 +120,6 @@ pub fn num(x: f64, decimals: usize) -> String {
     }
 }
 
-fn percent(e: &EvalStats) -> String {
-    format!("{:.2}% ({}/{})", 100.0 * e.accuracy(), e.correct, e.total)
-}
-
 fn save<B: AutodiffBackend>(run: &RunDir, model: &Model<B>, optim: &Optimizer<Model<B>, B>, state: &TrainState) -> Result<(), RunError> {
     run.save_checkpoint(model, Some(optimizer_bytes(optim)), state.clone())?;
     Ok(())
@@ -172,7 +168,6 @@ pub fn train<B: AutodiffBackend>(
             bar.set_position(state.step_in_epoch as u64);
             bar
         });
-        let batch = config.batch_size;
         let mut on_step = |s: StepInfo| {
             if let Some(bar) = &bar {
                 bar.set_position(s.step as u64);
@@ -189,7 +184,6 @@ pub fn train<B: AutodiffBackend>(
                     num(loss, 6)
                 );
             }
-            let _ = batch;
         };
         let stop = || INTERRUPTED.load(Ordering::SeqCst);
         let control = EpochControl {
@@ -267,7 +261,7 @@ pub fn train<B: AutodiffBackend>(
             line += &format!(
                 "  test loss {}  accuracy {}  train {:.1} s  {:.0} img/s  eval {:.1} s",
                 num(test.loss, 4),
-                percent(&test),
+                test.accuracy_text(),
                 stats.seconds,
                 stats.images_per_sec(),
                 test.seconds
@@ -278,7 +272,7 @@ pub fn train<B: AutodiffBackend>(
     }
     let test = last.expect("at least one epoch ran");
     let saved = if save_model { format!("  checkpoint in {}", run.path.display()) } else { String::new() };
-    println!("final: test loss {}  accuracy {}{saved}", num(test.loss, 4), percent(&test));
+    println!("final: test loss {}  accuracy {}{saved}", num(test.loss, 4), test.accuracy_text());
     Ok(test)
 }
 

@@ -315,6 +315,11 @@ impl EvalStats {
     pub fn images_per_sec(&self) -> f64 {
         self.total as f64 / self.seconds
     }
+
+    /// "98.59% (9859/10000)".
+    pub fn accuracy_text(&self) -> String {
+        format!("{:.2}% ({}/{})", 100.0 * self.accuracy(), self.correct, self.total)
+    }
 }
 
 /// Evaluates `model` (no autodiff) on `split` in batches of `batch_size`, as the PyTorch
