@@ -23,7 +23,13 @@ fn step(bencher: divan::Bencher, kind: ModelKind) {
     let mut optim = config.optimizer.init::<B, _>();
     let mut model = Some(init_model::<B>(&config, &device));
     bencher.bench_local(|| {
-        let (next, loss) = train_step(model.take().unwrap(), &mut optim, images.clone(), targets.clone(), config.lr);
+        let (next, loss) = train_step(
+            model.take().unwrap(),
+            &mut optim,
+            images.clone(),
+            targets.clone(),
+            config.lr,
+        );
         model = Some(next);
         ember::train::scalar(loss)
     });

@@ -283,7 +283,8 @@ pub fn run<B: AutodiffBackend>(
     let train_step_ms = Stats::of(step_ms);
     let steps_per_epoch = splits.train.len().div_ceil(batch);
     let (epoch_seconds, epoch_measured) = if settings.full_epoch {
-        let (trained, end) = train::train_whole_epoch(model, &mut optim, &splits.train, &config, 1, config.lr);
+        let (trained, end) =
+            train::train_whole_epoch(model, &mut optim, &splits.train, &config, 1, config.lr);
         model = trained;
         match end {
             train::EpochEnd::Done(stats) => (stats.seconds, true),
@@ -330,7 +331,11 @@ pub fn run<B: AutodiffBackend>(
             interval_ms: g.interval_ms,
             samples: g.utilization.len(),
             mean_percent: g.utilization.iter().sum::<f64>() / g.utilization.len().max(1) as f64,
-            p10_percent: if g.utilization.is_empty() { 0.0 } else { Stats::quantile(&g.utilization, 0.1) },
+            p10_percent: if g.utilization.is_empty() {
+                0.0
+            } else {
+                Stats::quantile(&g.utilization, 0.1)
+            },
         }),
         train_flops_per_image: flops,
         achieved_tflops: flops * images_per_sec / 1e12,
@@ -375,9 +380,15 @@ mod tests {
     #[test]
     fn scenarios_use_their_recipes() {
         let c = Scenario::Net256.config();
-        assert_eq!((c.model, c.batch_size, c.valid_size), (ModelKind::PytorchExampleNet, 256, 0));
+        assert_eq!(
+            (c.model, c.batch_size, c.valid_size),
+            (ModelKind::PytorchExampleNet, 256, 0)
+        );
         assert_eq!(Scenario::Flash64.config().model, ModelKind::FlashlightCnn);
-        assert_eq!(Scenario::Tch256.config().optimizer.kind, crate::optim::OptimizerKind::Adam);
+        assert_eq!(
+            Scenario::Tch256.config().optimizer.kind,
+            crate::optim::OptimizerKind::Adam
+        );
     }
 
     #[test]

@@ -140,7 +140,9 @@ impl RunDir {
         if !path.join(CONFIG_FILE).is_file() {
             return Err(CheckpointError::NotACheckpoint(path.to_owned()));
         }
-        Ok(Self { path: path.to_owned() })
+        Ok(Self {
+            path: path.to_owned(),
+        })
     }
 
     pub fn file(&self, name: &str) -> PathBuf {
@@ -185,7 +187,8 @@ impl RunDir {
         let keep = [Some(state.model_file.as_str()), state.optimizer_file.as_deref()];
         for entry in fs::read_dir(&self.path).map_err(io(&self.path))?.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
-            let record = (name.starts_with("model-") || name.starts_with("optimizer-")) && name.ends_with(".mpk");
+            let record =
+                (name.starts_with("model-") || name.starts_with("optimizer-")) && name.ends_with(".mpk");
             if record && !keep.contains(&Some(name.as_str())) {
                 let _ = fs::remove_file(entry.path());
             }
@@ -199,7 +202,11 @@ impl RunDir {
         serde_json::from_slice(&bytes).map_err(|source| CheckpointError::State { path, source })
     }
 
-    fn load_record<B: Backend, R: burn::record::Record<B>>(&self, name: &str, device: &B::Device) -> Result<R, CheckpointError> {
+    fn load_record<B: Backend, R: burn::record::Record<B>>(
+        &self,
+        name: &str,
+        device: &B::Device,
+    ) -> Result<R, CheckpointError> {
         let path = self.file(name);
         let bytes = fs::read(&path).map_err(io(&path))?;
         Recorder::<B>::load(&Rec::default(), bytes, device).map_err(|e| CheckpointError::Record {
@@ -209,7 +216,11 @@ impl RunDir {
     }
 
     /// The latest checkpoint's model, built as `config` describes.
-    pub fn load_model<B: Backend>(&self, config: &TrainConfig, device: &B::Device) -> Result<Model<B>, CheckpointError> {
+    pub fn load_model<B: Backend>(
+        &self,
+        config: &TrainConfig,
+        device: &B::Device,
+    ) -> Result<Model<B>, CheckpointError> {
         let state = self.load_state()?;
         let record = self.load_record::<B, _>(&state.model_file, device)?;
         Ok(config.model.init::<B>(device).load_record(record))
@@ -220,7 +231,7 @@ impl RunDir {
         &self,
         config: &TrainConfig,
         device: &B::Device,
-    ) -> Result<(Model<B>, Optimizer<Model<B>, B>, TrainState), CheckpointError> {
+    ) -> Result<Resumed<B>, CheckpointError> {
         let state = self.load_state()?;
         let name = state
             .optimizer_file
@@ -232,6 +243,9 @@ impl RunDir {
         Ok((model, optim, state))
     }
 }
+
+/// What training resumes from: model, optimizer and where they stood.
+pub type Resumed<B> = (Model<B>, Optimizer<Model<B>, B>, TrainState);
 
 /// The optimizer's state as record bytes, for [`RunDir::save_checkpoint`].
 pub fn optimizer_bytes<B: AutodiffBackend>(optim: &Optimizer<Model<B>, B>) -> Vec<u8> {
@@ -274,8 +288,14 @@ mod tests {
     #[test]
     fn stamps_in_utc() {
         // date -u -d @1764672000 +%Y%m%d-%H%M%S
-        assert_eq!(utc_stamp(UNIX_EPOCH + Duration::from_secs(1_764_672_000)), "20251202-104000");
-        assert_eq!(utc_stamp(UNIX_EPOCH + Duration::from_secs(951_782_400)), "20000229-000000");
+        assert_eq!(
+            utc_stamp(UNIX_EPOCH + Duration::from_secs(1_764_672_000)),
+            "20251202-104000"
+        );
+        assert_eq!(
+            utc_stamp(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "20000229-000000"
+        );
     }
 
     #[test]
@@ -304,12 +324,20 @@ mod tests {
         let (Model::Flashlight(a), Model::Flashlight(b)) = (model, loaded) else {
             panic!("wrong model kind")
         };
-        a.fc1.weight.val().into_data().assert_eq(&b.fc1.weight.val().into_data(), true);
+        a.fc1
+            .weight
+            .val()
+            .into_data()
+            .assert_eq(&b.fc1.weight.val().into_data(), true);
         // No temporary files left behind: config, state, model.
-        let names: Vec<_> = fs::read_dir(&run.path).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = fs::read_dir(&run.path)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
         assert_eq!(names.len(), 3, "{names:?}");
         // Imported-style checkpoints have no optimizer to resume from.
-        let Err(err) = reopened.load_training::<burn::backend::Autodiff<NdArray>>(&loaded_config, &device) else {
+        let Err(err) = reopened.load_training::<burn::backend::Autodiff<NdArray>>(&loaded_config, &device)
+        else {
             panic!("resumed a checkpoint without optimizer state")
         };
         assert!(err.to_string().contains("no optimizer state"), "{err}");
@@ -325,11 +353,23 @@ mod tests {
         run.save_checkpoint(&model, None, TrainState::default()).unwrap();
         let state = run.load_state().unwrap();
         fs::write(run.file(&state.model_file), b"\x93garbage").unwrap();
-        let err = run.load_model::<NdArray>(&config, &Default::default()).unwrap_err().to_string();
-        assert!(err.contains(&state.model_file) && err.contains("corrupt"), "{err}");
+        let err = run
+            .load_model::<NdArray>(&config, &Default::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&state.model_file) && err.contains("corrupt"),
+            "{err}"
+        );
         fs::write(run.file(STATE_FILE), b"{\"epoch\": -1}").unwrap();
-        let err = run.load_model::<NdArray>(&config, &Default::default()).unwrap_err().to_string();
-        assert!(err.contains("state.json") && err.contains("invalid checkpoint state"), "{err}");
+        let err = run
+            .load_model::<NdArray>(&config, &Default::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("state.json") && err.contains("invalid checkpoint state"),
+            "{err}"
+        );
         fs::write(run.file(CONFIG_FILE), b"{\"recipe\": 3}").unwrap();
         let err = run.load_config().unwrap_err().to_string();
         assert!(err.contains("config.json"), "{err}");

@@ -13,8 +13,7 @@ use crate::config::{Recipe, TrainConfig};
 use crate::data::{Dataset, DeviceSplit, Mnist, Source};
 use crate::model::ModelKind;
 use crate::optim::OptimizerKind;
-use crate::train::{self, EvalStats, Splits};
-
+use crate::train::{self, Splits};
 
 /// Train and evaluate CNNs on MNIST-format data with burn, the dataset kept on the device.
 #[derive(Debug, Parser)]
@@ -183,7 +182,17 @@ impl TrainArgs {
         macro_rules! set {
             ($($field:ident),*) => {$( if let Some(v) = self.$field { c.$field = v; } )*};
         }
-        set!(model, batch_size, test_batch_size, epochs, lr, gamma, step_size, seed, valid_size);
+        set!(
+            model,
+            batch_size,
+            test_batch_size,
+            epochs,
+            lr,
+            gamma,
+            step_size,
+            seed,
+            valid_size
+        );
         if let Some(kind) = self.optimizer {
             c.optimizer = crate::optim::OptimizerConfig::new(kind);
         }
@@ -281,7 +290,12 @@ pub struct CompareArgs {
     #[arg(long, default_value = "auto")]
     pub device: DeviceArg,
     /// Scenarios, comma-separated.
-    #[arg(long, value_enum, value_delimiter = ',', default_value = "net64,net256,flash64")]
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "net64,net256,flash64"
+    )]
     pub scenarios: Vec<crate::bench::Scenario>,
     /// Python interpreter with torch and numpy.
     #[arg(long, env = "EMBER_PYTHON", default_value = "python3")]
@@ -353,7 +367,9 @@ fn plot_command(args: PlotArgs) -> Result<()> {
     let mut runs = Vec::new();
     for dir in &args.runs {
         let rows = crate::metrics::read(dir)?;
-        let name = dir.file_name().map_or(dir.display().to_string(), |n| n.to_string_lossy().to_string());
+        let name = dir
+            .file_name()
+            .map_or(dir.display().to_string(), |n| n.to_string_lossy().to_string());
         runs.push((name, rows));
     }
     let out = args.out.clone().unwrap_or_else(|| match args.runs.as_slice() {
@@ -369,7 +385,15 @@ fn predict_command(args: PredictArgs) -> Result<()> {
     let run = RunDir::open(&args.checkpoint)?;
     let config = run.load_config()?;
     backend::resolve(args.device)?;
-    backend::dispatch(args.device, PredictTask { config, run, json: args.json, images: args.images })?
+    backend::dispatch(
+        args.device,
+        PredictTask {
+            config,
+            run,
+            json: args.json,
+            images: args.images,
+        },
+    )?
 }
 
 struct PredictTask {
@@ -384,7 +408,12 @@ impl BackendTask for PredictTask {
 
     fn run<B: AutodiffBackend>(self, device: B::Device, _info: DeviceInfo) -> Result<()> {
         use crate::predict;
-        let Self { config, run, json, images } = self;
+        let Self {
+            config,
+            run,
+            json,
+            images,
+        } = self;
         let model = run.load_model::<B::InnerBackend>(&config, &device)?;
         let loaded: Vec<Result<_, predict::PredictError>> = images.iter().map(|p| predict::load(p)).collect();
         let good: Vec<_> = loaded.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
@@ -400,9 +429,19 @@ impl BackendTask for PredictTask {
                         let guesses: Vec<String> = p
                             .top3
                             .iter()
-                            .map(|g| format!("{}: {:.2}%", config.dataset.class_name(g.class), 100.0 * g.probability))
+                            .map(|g| {
+                                format!(
+                                    "{}: {:.2}%",
+                                    config.dataset.class_name(g.class),
+                                    100.0 * g.probability
+                                )
+                            })
                             .collect();
-                        println!("{file}: {}  ({})", config.dataset.class_name(p.prediction), guesses.join(", "));
+                        println!(
+                            "{file}: {}  ({})",
+                            config.dataset.class_name(p.prediction),
+                            guesses.join(", ")
+                        );
                     }
                     entries.push(serde_json::to_value(&p)?);
                 }
@@ -416,7 +455,11 @@ impl BackendTask for PredictTask {
         if json {
             println!("{}", serde_json::to_string_pretty(&entries)?);
         }
-        anyhow::ensure!(failed == 0, "{failed} of {} files could not be classified", images.len());
+        anyhow::ensure!(
+            failed == 0,
+            "{failed} of {} files could not be classified",
+            images.len()
+        );
         Ok(())
     }
 }
@@ -425,7 +468,14 @@ fn bench_command(args: BenchArgs) -> Result<()> {
     let settings = args.measure.settings()?;
     backend::resolve(args.device)?;
     let data = Mnist::load(&args.data.source(Dataset::Mnist))?;
-    let record = backend::dispatch(args.device, BenchTask { scenario: args.scenario, settings, data })?;
+    let record = backend::dispatch(
+        args.device,
+        BenchTask {
+            scenario: args.scenario,
+            settings,
+            data,
+        },
+    )?;
     println!("{}", record.line());
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&record)?)
@@ -456,7 +506,11 @@ fn compare_command(args: CompareArgs) -> Result<()> {
         settings: args.measure.settings()?,
         python: args.python,
         script: args.pytorch_script,
-        data_dir: args.data.data_dir.clone().unwrap_or_else(|| Dataset::Mnist.default_dir()),
+        data_dir: args
+            .data
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| Dataset::Mnist.default_dir()),
         out: args.out,
     };
     // Fail on missing data here, before any child process starts.
@@ -550,7 +604,14 @@ impl BackendTask for TrainTask {
     type Output = Result<()>;
 
     fn run<B: AutodiffBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
-        let Self { config, data, run, resume, save_model, output } = self;
+        let Self {
+            config,
+            data,
+            run,
+            resume,
+            save_model,
+            output,
+        } = self;
         let splits = Splits::<B::InnerBackend>::upload(&data, &config, &device)?;
         drop(data);
         let start = if resume {
@@ -559,9 +620,15 @@ impl BackendTask for TrainTask {
             crate::run::Start::<B>::fresh(&config, &device)
         };
         if !output.quiet {
-            println!("{}", crate::run::header(&config, &start.model, &splits, &info.to_string(), &run));
+            println!(
+                "{}",
+                crate::run::header(&config, &start.model, &splits, &info.to_string(), &run)
+            );
             if resume {
-                println!("resuming after {} completed epochs ({} steps)", start.state.epoch, start.state.global_step);
+                println!(
+                    "resuming after {} completed epochs ({} steps)",
+                    start.state.epoch, start.state.global_step
+                );
             }
         }
         crate::run::train(&config, &splits, &run, start, save_model, output)?;
@@ -646,13 +713,32 @@ mod tests {
     #[test]
     fn flags_override_the_recipe() {
         let cli = Cli::try_parse_from([
-            "ember", "train", "--recipe", "flashlight", "--epochs", "1", "--lr", "0.05", "--optimizer", "adam",
-            "--weight-decay", "0.01", "--valid-size", "0", "--limit-train", "1000",
+            "ember",
+            "train",
+            "--recipe",
+            "flashlight",
+            "--epochs",
+            "1",
+            "--lr",
+            "0.05",
+            "--optimizer",
+            "adam",
+            "--weight-decay",
+            "0.01",
+            "--valid-size",
+            "0",
+            "--limit-train",
+            "1000",
         ])
         .unwrap();
-        let Command::Train(args) = cli.command else { panic!() };
+        let Command::Train(args) = cli.command else {
+            panic!()
+        };
         let c = args.config();
-        assert_eq!((c.epochs, c.lr, c.optimizer.kind, c.optimizer.weight_decay), (1, 0.05, OptimizerKind::Adam, 0.01));
+        assert_eq!(
+            (c.epochs, c.lr, c.optimizer.kind, c.optimizer.weight_decay),
+            (1, 0.05, OptimizerKind::Adam, 0.01)
+        );
         assert_eq!((c.valid_size, c.limit_train, c.batch_size), (0, Some(1000), 64));
         assert_eq!(c.model, ModelKind::FlashlightCnn);
         assert!(args.save_model);
@@ -660,9 +746,15 @@ mod tests {
 
     #[test]
     fn save_model_accepts_pytorch_style_and_false() {
-        for (argv, want) in [(&["--save-model"][..], true), (&["--save-model=false"][..], false), (&[][..], true)] {
+        for (argv, want) in [
+            (&["--save-model"][..], true),
+            (&["--save-model=false"][..], false),
+            (&[][..], true),
+        ] {
             let cli = Cli::try_parse_from(["ember", "train"].iter().chain(argv)).unwrap();
-            let Command::Train(args) = cli.command else { panic!() };
+            let Command::Train(args) = cli.command else {
+                panic!()
+            };
             assert_eq!(args.save_model, want, "{argv:?}");
         }
     }

@@ -38,7 +38,8 @@ fn run_child(cmd: &mut Command, json: &Path) -> Result<BenchRecord> {
     if !status.success() {
         bail!("{shown} failed ({status})");
     }
-    let text = std::fs::read_to_string(json).with_context(|| format!("{shown} wrote no {}", json.display()))?;
+    let text =
+        std::fs::read_to_string(json).with_context(|| format!("{shown} wrote no {}", json.display()))?;
     serde_json::from_str(&text).with_context(|| format!("{}: not an ember-bench/1 record", json.display()))
 }
 
@@ -49,7 +50,8 @@ pub fn run(opts: &CompareOptions) -> Result<PathBuf> {
         Resolved::Cpu => ("cpu".to_string(), "cpu".to_string(), false),
         Resolved::Cuda { index, name } => (
             format!("cuda:{index}"),
-            name.to_lowercase().replace(|c: char| !c.is_ascii_alphanumeric(), "-"),
+            name.to_lowercase()
+                .replace(|c: char| !c.is_ascii_alphanumeric(), "-"),
             true,
         ),
     };
@@ -62,8 +64,18 @@ pub fn run(opts: &CompareOptions) -> Result<PathBuf> {
         let s = &opts.settings;
         let mut cmd = Command::new(&exe);
         cmd.args(["bench", "--scenario", scenario.name(), "--device", &device_arg])
-            .args(["--warmup", &s.warmup_steps.to_string(), "--steps", &s.timed_steps.to_string()])
-            .args(["--repeats", &s.repeats.to_string(), "--eval-repeats", &s.eval_repeats.to_string()])
+            .args([
+                "--warmup",
+                &s.warmup_steps.to_string(),
+                "--steps",
+                &s.timed_steps.to_string(),
+            ])
+            .args([
+                "--repeats",
+                &s.repeats.to_string(),
+                "--eval-repeats",
+                &s.eval_repeats.to_string(),
+            ])
             .arg("--data-dir")
             .arg(&opts.data_dir)
             .arg("--offline")
@@ -77,10 +89,27 @@ pub fn run(opts: &CompareOptions) -> Result<PathBuf> {
             let json = tmp.join(format!("pytorch-{}-{mode}.json", scenario.name()));
             let mut cmd = Command::new(&opts.python);
             cmd.arg(&opts.script)
-                .args(["--scenario", scenario.name(), "--mode", mode, "--device", &device_arg])
+                .args([
+                    "--scenario",
+                    scenario.name(),
+                    "--mode",
+                    mode,
+                    "--device",
+                    &device_arg,
+                ])
                 .args(["--threads", &threads.to_string()])
-                .args(["--warmup", &s.warmup_steps.to_string(), "--steps", &s.timed_steps.to_string()])
-                .args(["--repeats", &s.repeats.to_string(), "--eval-repeats", &s.eval_repeats.to_string()])
+                .args([
+                    "--warmup",
+                    &s.warmup_steps.to_string(),
+                    "--steps",
+                    &s.timed_steps.to_string(),
+                ])
+                .args([
+                    "--repeats",
+                    &s.repeats.to_string(),
+                    "--eval-repeats",
+                    &s.eval_repeats.to_string(),
+                ])
                 .arg("--data-dir")
                 .arg(&opts.data_dir)
                 .arg("--json")
@@ -119,8 +148,15 @@ fn tempfile_dir() -> Result<PathBuf> {
     Ok(dir)
 }
 
-fn find<'a>(records: &'a [BenchRecord], scenario: &str, framework: &str, mode: &str) -> Option<&'a BenchRecord> {
-    records.iter().find(|r| r.scenario == scenario && r.framework == framework && r.mode == mode)
+fn find<'a>(
+    records: &'a [BenchRecord],
+    scenario: &str,
+    framework: &str,
+    mode: &str,
+) -> Option<&'a BenchRecord> {
+    records
+        .iter()
+        .find(|r| r.scenario == scenario && r.framework == framework && r.mode == mode)
 }
 
 fn scenarios(records: &[BenchRecord]) -> Vec<String> {
@@ -150,7 +186,9 @@ fn mib(bytes: u64) -> f64 {
 /// The markdown comparison table: ratios are ember / PyTorch (below 1: ember is faster or
 /// smaller), for step time, eval throughput (above 1: ember is faster), memory and utilisation.
 pub fn table(records: &[BenchRecord]) -> String {
-    let gpu = records.iter().any(|r| r.gpu_utilization.is_some() || r.memory.device_used_bytes.is_some());
+    let gpu = records
+        .iter()
+        .any(|r| r.gpu_utilization.is_some() || r.memory.device_used_bytes.is_some());
     let mut s = String::from(
         "Step times are medians over repeats, ms (min–max). Ratios are ember / PyTorch: below 1 \
          ember's step is shorter; for eval images/s above 1 ember is faster.\n\n\
@@ -165,8 +203,15 @@ pub fn table(records: &[BenchRecord]) -> String {
     }
     s += "\n";
     for sc in scenarios(records) {
-        let Some(e) = find(records, &sc, "ember", "device-resident") else { continue };
-        let ms = |r: &BenchRecord| format!("{:.2} ({:.2}–{:.2})", r.train_step_ms.median, r.train_step_ms.min, r.train_step_ms.max);
+        let Some(e) = find(records, &sc, "ember", "device-resident") else {
+            continue;
+        };
+        let ms = |r: &BenchRecord| {
+            format!(
+                "{:.2} ({:.2}–{:.2})",
+                r.train_step_ms.median, r.train_step_ms.min, r.train_step_ms.max
+            )
+        };
         let cell = |mode: &str| match find(records, &sc, "pytorch", mode) {
             Some(p) => (ms(p), ratio(e, p)),
             None => ("–".into(), "–".into()),
@@ -179,7 +224,12 @@ pub fn table(records: &[BenchRecord]) -> String {
             None => format!("{:.0} / –", f(e)),
         };
         let rss = match p {
-            Some(p) => format!("{:.0} / {:.0} = {:.2}", mib(e.memory.peak_rss_bytes), mib(p.memory.peak_rss_bytes), e.memory.peak_rss_bytes as f64 / p.memory.peak_rss_bytes as f64),
+            Some(p) => format!(
+                "{:.0} / {:.0} = {:.2}",
+                mib(e.memory.peak_rss_bytes),
+                mib(p.memory.peak_rss_bytes),
+                e.memory.peak_rss_bytes as f64 / p.memory.peak_rss_bytes as f64
+            ),
             None => format!("{:.0}", mib(e.memory.peak_rss_bytes)),
         };
         s += &format!(
@@ -192,12 +242,21 @@ pub fn table(records: &[BenchRecord]) -> String {
         if gpu {
             let util = |r: Option<&BenchRecord>| {
                 r.and_then(|r| r.gpu_utilization.as_ref())
-                    .map_or("–".to_string(), |u| format!("{:.0} ({:.0})", u.mean_percent, u.p10_percent))
+                    .map_or("–".to_string(), |u| {
+                        format!("{:.0} ({:.0})", u.mean_percent, u.p10_percent)
+                    })
             };
             let mem = |r: Option<&BenchRecord>| {
-                r.and_then(|r| r.memory.device_used_bytes).map_or("–".to_string(), |b| format!("{:.0}", mib(b)))
+                r.and_then(|r| r.memory.device_used_bytes)
+                    .map_or("–".to_string(), |b| format!("{:.0}", mib(b)))
             };
-            s += &format!(" {} / {} | {} / {} |", util(Some(e)), util(p), mem(Some(e)), mem(p));
+            s += &format!(
+                " {} / {} | {} / {} |",
+                util(Some(e)),
+                util(p),
+                mem(Some(e)),
+                mem(p)
+            );
         }
         s += "\n";
     }
@@ -207,9 +266,18 @@ pub fn table(records: &[BenchRecord]) -> String {
 fn setup_note(records: &[BenchRecord], opts: &CompareOptions, device: &Resolved) -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_else(|| "unknown".into());
-    let version = |fw: &str| records.iter().find(|r| r.framework == fw).map_or("–".to_string(), |r| r.framework_version.clone());
+    let version = |fw: &str| {
+        records
+            .iter()
+            .find(|r| r.framework == fw)
+            .map_or("–".to_string(), |r| r.framework_version.clone())
+    };
     let s = &opts.settings;
     format!(
         "# ember vs PyTorch, {}\n\n\
@@ -255,7 +323,19 @@ fn charts(out: &Path, records: &[BenchRecord]) -> Result<()> {
             })
             .collect()
     };
-    bar_chart(&out.join("train_step.png"), "Training step time (median, lower is better)", "ms per step", &groups, &series(|r| r.train_step_ms.median))?;
-    bar_chart(&out.join("eval.png"), "Evaluation throughput, trained weights (higher is better)", "images/s", &groups, &series(|r| r.eval.trained_images_per_sec.median))?;
+    bar_chart(
+        &out.join("train_step.png"),
+        "Training step time (median, lower is better)",
+        "ms per step",
+        &groups,
+        &series(|r| r.train_step_ms.median),
+    )?;
+    bar_chart(
+        &out.join("eval.png"),
+        "Evaluation throughput, trained weights (higher is better)",
+        "images/s",
+        &groups,
+        &series(|r| r.eval.trained_images_per_sec.median),
+    )?;
     Ok(())
 }

@@ -132,10 +132,16 @@ impl TrainConfig {
             }
         }
         if self.limit_train == Some(0) {
-            return Err(ConfigError::Zero { flag: "--limit-train", value: 0 });
+            return Err(ConfigError::Zero {
+                flag: "--limit-train",
+                value: 0,
+            });
         }
         if self.limit_test == Some(0) {
-            return Err(ConfigError::Zero { flag: "--limit-test", value: 0 });
+            return Err(ConfigError::Zero {
+                flag: "--limit-test",
+                value: 0,
+            });
         }
         for (flag, value) in [("--lr", self.lr), ("--gamma", self.gamma)] {
             if !(value.is_finite() && value > 0.0) {
@@ -154,15 +160,43 @@ mod tests {
     fn recipes_match_the_seed_runs() {
         let p = Recipe::PytorchExample.config();
         assert_eq!(
-            (p.model, p.optimizer.kind, p.lr, p.gamma, p.batch_size, p.test_batch_size, p.epochs, p.seed),
-            (ModelKind::PytorchExampleNet, OptimizerKind::Adadelta, 1.0, 0.7, 64, 1000, 14, 1)
+            (
+                p.model,
+                p.optimizer.kind,
+                p.lr,
+                p.gamma,
+                p.batch_size,
+                p.test_batch_size,
+                p.epochs,
+                p.seed
+            ),
+            (
+                ModelKind::PytorchExampleNet,
+                OptimizerKind::Adadelta,
+                1.0,
+                0.7,
+                64,
+                1000,
+                14,
+                1
+            )
         );
         assert_eq!(p.normalization, Normalization::MNIST);
         let t = Recipe::Tch.config();
-        assert_eq!((t.model, t.optimizer.kind, t.lr, t.batch_size, t.epochs), (ModelKind::TchNet, OptimizerKind::Adam, 1e-4, 256, 50));
+        assert_eq!(
+            (t.model, t.optimizer.kind, t.lr, t.batch_size, t.epochs),
+            (ModelKind::TchNet, OptimizerKind::Adam, 1e-4, 256, 50)
+        );
         let f = Recipe::Flashlight.config();
         assert_eq!(
-            (f.model, f.optimizer.kind, f.lr, f.batch_size, f.epochs, f.valid_size),
+            (
+                f.model,
+                f.optimizer.kind,
+                f.lr,
+                f.batch_size,
+                f.epochs,
+                f.valid_size
+            ),
             (ModelKind::FlashlightCnn, OptimizerKind::Sgd, 1e-2, 64, 100, 5000)
         );
         assert_eq!(f.normalization, Normalization::UNIT);
@@ -175,7 +209,10 @@ mod tests {
     fn rejects_settings_naming_the_flag() {
         let mut c = Recipe::PytorchExample.config();
         c.batch_size = 0;
-        assert_eq!(c.validate().unwrap_err().to_string(), "--batch-size must be at least 1, got 0");
+        assert_eq!(
+            c.validate().unwrap_err().to_string(),
+            "--batch-size must be at least 1, got 0"
+        );
         let mut c = Recipe::PytorchExample.config();
         c.lr = f64::NAN;
         assert!(c.validate().unwrap_err().to_string().starts_with("--lr"));

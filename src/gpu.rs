@@ -52,8 +52,12 @@ mod imp {
             let thread = std::thread::spawn(move || {
                 let mut util = Vec::new();
                 let mut used_max = 0u64;
-                let Ok(nvml) = nvml_wrapper::Nvml::init() else { return (util, used_max) };
-                let Ok(dev) = nvml.device_by_index(index) else { return (util, used_max) };
+                let Ok(nvml) = nvml_wrapper::Nvml::init() else {
+                    return (util, used_max);
+                };
+                let Ok(dev) = nvml.device_by_index(index) else {
+                    return (util, used_max);
+                };
                 while !flag.load(Ordering::Relaxed) {
                     if let Ok(u) = dev.utilization_rates() {
                         util.push(f64::from(u.gpu));

@@ -30,7 +30,11 @@ pub enum ImportError {
 
 fn describe(missing: &[String], unexpected: &[String], invalid: &[String]) -> String {
     let mut s = String::new();
-    for (what, keys) in [("missing keys", missing), ("unexpected keys", unexpected), ("invalid tensors", invalid)] {
+    for (what, keys) in [
+        ("missing keys", missing),
+        ("unexpected keys", unexpected),
+        ("invalid tensors", invalid),
+    ] {
         if !keys.is_empty() {
             s += &format!(" {what}: {};", keys.join(", "));
         }
@@ -58,7 +62,11 @@ fn check(result: ApplyResult, path: &Path, kind: ModelKind) -> Result<(), Import
 
 /// Loads a PyTorch `state_dict` saved with `torch.save` (`.pt`/`.pth`) into a new `kind` model.
 /// Every key must match a parameter and every parameter must be present.
-pub fn from_pytorch_file<B: Backend>(kind: ModelKind, path: &Path, device: &B::Device) -> Result<Model<B>, ImportError> {
+pub fn from_pytorch_file<B: Backend>(
+    kind: ModelKind,
+    path: &Path,
+    device: &B::Device,
+) -> Result<Model<B>, ImportError> {
     let mut model = kind.init::<B>(device);
     let mut store = PytorchStore::from_file(path).allow_partial(true).validate(false);
     let result = model.load_from(&mut store).map_err(|e| ImportError::Read {
@@ -81,7 +89,12 @@ pub fn from_pytorch_tensors<B: Backend>(
         .into_iter()
         .map(|(name, data)| {
             let path: Vec<String> = name.split('.').map(String::from).collect();
-            TensorSnapshot::from_data(data.convert::<B::FloatElem>(), path, Vec::new(), Default::default())
+            TensorSnapshot::from_data(
+                data.convert::<B::FloatElem>(),
+                path,
+                Vec::new(),
+                Default::default(),
+            )
         })
         .collect();
     let result = model.apply(snapshots, None, Some(Box::new(PyTorchToBurnAdapter)), true);
@@ -102,7 +115,10 @@ pub fn to_pytorch_tensors<B: Backend>(model: &Model<B>) -> Vec<(String, TensorDa
 }
 
 /// The gradients in `grads` of `model`'s parameters, by PyTorch name and layout.
-pub fn gradients_as_pytorch<B: AutodiffBackend>(model: &Model<B>, grads: &GradientsParams) -> Vec<(String, TensorData)> {
+pub fn gradients_as_pytorch<B: AutodiffBackend>(
+    model: &Model<B>,
+    grads: &GradientsParams,
+) -> Vec<(String, TensorData)> {
     let mut as_values = GradsAsValues { grads };
     let grads_model = burn::module::Module::map(model.valid(), &mut as_values);
     to_pytorch_tensors(&grads_model)
@@ -134,12 +150,26 @@ mod tests {
         let names: Vec<&str> = tensors.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
             names,
-            ["conv1.weight", "conv1.bias", "conv2.weight", "conv2.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+            [
+                "conv1.weight",
+                "conv1.bias",
+                "conv2.weight",
+                "conv2.bias",
+                "fc1.weight",
+                "fc1.bias",
+                "fc2.weight",
+                "fc2.bias"
+            ]
         );
         // PyTorch's Linear stores [out, in]; burn's [in, out].
         let fc1 = &tensors[4].1;
         assert_eq!(fc1.shape.as_slice(), [128, 9216]);
-        let reloaded = from_pytorch_tensors(ModelKind::TchNet.init::<NdArray>(&device), tensors.clone(), Path::new("mem")).unwrap();
+        let reloaded = from_pytorch_tensors(
+            ModelKind::TchNet.init::<NdArray>(&device),
+            tensors.clone(),
+            Path::new("mem"),
+        )
+        .unwrap();
         let again = to_pytorch_tensors(&reloaded);
         for ((n, a), (_, b)) in tensors.iter().zip(&again) {
             a.assert_eq(b, true);
@@ -153,9 +183,13 @@ mod tests {
         let mut tensors = to_pytorch_tensors(&ModelKind::TchNet.init::<NdArray>(&device));
         tensors.retain(|(n, _)| n != "fc2.bias");
         tensors.push(("fc3.weight".into(), TensorData::new(vec![0f32; 4], [2, 2])));
-        let err = from_pytorch_tensors(ModelKind::TchNet.init::<NdArray>(&device), tensors, Path::new("x.pt"))
-            .unwrap_err()
-            .to_string();
+        let err = from_pytorch_tensors(
+            ModelKind::TchNet.init::<NdArray>(&device),
+            tensors,
+            Path::new("x.pt"),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(err.starts_with("x.pt: not a tch-net state_dict"), "{err}");
         assert!(err.contains("missing keys: fc2.bias"), "{err}");
         assert!(err.contains("unexpected keys: fc3.weight"), "{err}");

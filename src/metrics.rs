@@ -9,7 +9,8 @@ use crate::plot::{line_panels, Line, Panel, PlotError};
 pub const METRICS_FILE: &str = "metrics.csv";
 pub const CURVES_FILE: &str = "curves.png";
 
-const HEADER: &str = "epoch,step,lr,train_loss,valid_loss,valid_accuracy,test_loss,test_accuracy,seconds,images_per_sec";
+const HEADER: &str =
+    "epoch,step,lr,train_loss,valid_loss,valid_accuracy,test_loss,test_accuracy,seconds,images_per_sec";
 
 /// One epoch's line of `metrics.csv`. Accuracies are fractions; `step` counts optimizer steps
 /// since the start of the run; `seconds` is the epoch's training time.
@@ -37,7 +38,11 @@ pub enum MetricsError {
         source: std::io::Error,
     },
     #[error("{}:{line}: {reason}", path.display())]
-    Parse { path: PathBuf, line: usize, reason: String },
+    Parse {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
     #[error(transparent)]
     Write(#[from] CheckpointError),
     #[error(transparent)]
@@ -76,7 +81,10 @@ pub fn write(dir: &Path, rows: &[MetricsRow]) -> Result<(), MetricsError> {
 /// Reads `dir/metrics.csv`; a run without epochs yet has an empty list.
 pub fn read(dir: &Path) -> Result<Vec<MetricsRow>, MetricsError> {
     let path = dir.join(METRICS_FILE);
-    let text = std::fs::read_to_string(&path).map_err(|source| MetricsError::Io { path: path.clone(), source })?;
+    let text = std::fs::read_to_string(&path).map_err(|source| MetricsError::Io {
+        path: path.clone(),
+        source,
+    })?;
     let mut lines = text.lines().enumerate();
     match lines.next() {
         Some((_, h)) if h == HEADER => {}
@@ -91,13 +99,26 @@ pub fn read(dir: &Path) -> Result<Vec<MetricsRow>, MetricsError> {
     lines
         .filter(|(_, l)| !l.is_empty())
         .map(|(i, line)| {
-            let bad = |reason: String| MetricsError::Parse { path: path.clone(), line: i + 1, reason };
+            let bad = |reason: String| MetricsError::Parse {
+                path: path.clone(),
+                line: i + 1,
+                reason,
+            };
             let f: Vec<&str> = line.split(',').collect();
             if f.len() != 10 {
                 return Err(bad(format!("{} fields, expected 10", f.len())));
             }
-            let num = |k: usize| f[k].parse::<f64>().map_err(|e| bad(format!("field {}: {e}", k + 1)));
-            let maybe = |k: usize| if f[k].is_empty() { Ok(None) } else { num(k).map(Some) };
+            let num = |k: usize| {
+                f[k].parse::<f64>()
+                    .map_err(|e| bad(format!("field {}: {e}", k + 1)))
+            };
+            let maybe = |k: usize| {
+                if f[k].is_empty() {
+                    Ok(None)
+                } else {
+                    num(k).map(Some)
+                }
+            };
             Ok(MetricsRow {
                 epoch: f[0].parse().map_err(|e| bad(format!("epoch: {e}")))?,
                 step: f[1].parse().map_err(|e| bad(format!("step: {e}")))?,
@@ -116,27 +137,58 @@ pub fn read(dir: &Path) -> Result<Vec<MetricsRow>, MetricsError> {
 
 /// Draws loss and accuracy per epoch for one or several runs (`(name, rows)`) into `path`.
 pub fn draw_curves(path: &Path, runs: &[(String, Vec<MetricsRow>)]) -> Result<(), MetricsError> {
-    let prefix = |name: &str, what: &str| if runs.len() > 1 { format!("{name} {what}") } else { what.to_string() };
+    let prefix = |name: &str, what: &str| {
+        if runs.len() > 1 {
+            format!("{name} {what}")
+        } else {
+            what.to_string()
+        }
+    };
     let mut loss = Vec::new();
     let mut accuracy = Vec::new();
     for (name, rows) in runs {
         let points = |f: &dyn Fn(&MetricsRow) -> Option<f64>| -> Vec<(f64, f64)> {
-            rows.iter().filter_map(|r| f(r).map(|v| (r.epoch as f64, v))).collect()
+            rows.iter()
+                .filter_map(|r| f(r).map(|v| (r.epoch as f64, v)))
+                .collect()
         };
-        loss.push(Line { name: prefix(name, "train"), points: points(&|r| Some(r.train_loss)) });
-        loss.push(Line { name: prefix(name, "test"), points: points(&|r| Some(r.test_loss)) });
-        accuracy.push(Line { name: prefix(name, "test"), points: points(&|r| Some(100.0 * r.test_accuracy)) });
+        loss.push(Line {
+            name: prefix(name, "train"),
+            points: points(&|r| Some(r.train_loss)),
+        });
+        loss.push(Line {
+            name: prefix(name, "test"),
+            points: points(&|r| Some(r.test_loss)),
+        });
+        accuracy.push(Line {
+            name: prefix(name, "test"),
+            points: points(&|r| Some(100.0 * r.test_accuracy)),
+        });
         if rows.iter().any(|r| r.valid_loss.is_some()) {
-            loss.push(Line { name: prefix(name, "valid"), points: points(&|r| r.valid_loss) });
-            accuracy.push(Line { name: prefix(name, "valid"), points: points(&|r| r.valid_accuracy.map(|a| 100.0 * a)) });
+            loss.push(Line {
+                name: prefix(name, "valid"),
+                points: points(&|r| r.valid_loss),
+            });
+            accuracy.push(Line {
+                name: prefix(name, "valid"),
+                points: points(&|r| r.valid_accuracy.map(|a| 100.0 * a)),
+            });
         }
     }
     line_panels(
         path,
         "epoch",
         &[
-            Panel { title: "Loss".into(), y_label: "mean NLL".into(), lines: loss },
-            Panel { title: "Accuracy".into(), y_label: "% correct".into(), lines: accuracy },
+            Panel {
+                title: "Loss".into(),
+                y_label: "mean NLL".into(),
+                lines: loss,
+            },
+            Panel {
+                title: "Accuracy".into(),
+                y_label: "% correct".into(),
+                lines: accuracy,
+            },
         ],
     )?;
     Ok(())
@@ -168,7 +220,10 @@ mod tests {
         write(dir.path(), &rows).unwrap();
         let text = std::fs::read_to_string(dir.path().join(METRICS_FILE)).unwrap();
         assert!(text.starts_with("epoch,step,lr,train_loss"), "{text}");
-        assert!(text.contains("\n1,938,1,0.3,,,0.05,0.9859,175.5,342.9\n"), "{text}");
+        assert!(
+            text.contains("\n1,938,1,0.3,,,0.05,0.9859,175.5,342.9\n"),
+            "{text}"
+        );
         assert_eq!(read(dir.path()).unwrap(), rows);
     }
 

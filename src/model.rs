@@ -5,8 +5,8 @@ use burn::module::Module;
 use burn::tensor::{backend::Backend, Tensor};
 use clap::ValueEnum;
 use ember_models::{
-    Classifier, FlashlightCnn, FlashlightCnnConfig, Output, PytorchExampleNet,
-    PytorchExampleNetConfig, TchNet, TchNetConfig,
+    Classifier, FlashlightCnn, FlashlightCnnConfig, Output, PytorchExampleNet, PytorchExampleNetConfig,
+    TchNet, TchNetConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -58,10 +58,20 @@ impl ModelKind {
     pub fn init_without_dropout<B: Backend>(self, device: &B::Device) -> Model<B> {
         match self {
             Self::PytorchExampleNet => Model::PytorchExample(
-                PytorchExampleNetConfig::new().with_dropout1(0.0).with_dropout2(0.0).init(device),
+                PytorchExampleNetConfig::new()
+                    .with_dropout1(0.0)
+                    .with_dropout2(0.0)
+                    .init(device),
             ),
-            Self::TchNet => Model::Tch(TchNetConfig::new().with_dropout1(0.0).with_dropout2(0.0).init(device)),
-            Self::FlashlightCnn => Model::Flashlight(FlashlightCnnConfig::new().with_dropout(0.0).init(device)),
+            Self::TchNet => Model::Tch(
+                TchNetConfig::new()
+                    .with_dropout1(0.0)
+                    .with_dropout2(0.0)
+                    .init(device),
+            ),
+            Self::FlashlightCnn => {
+                Model::Flashlight(FlashlightCnnConfig::new().with_dropout(0.0).init(device))
+            }
         }
     }
 
@@ -77,9 +87,7 @@ impl ModelKind {
                 conv(32, 1, 3, 26) + conv(64, 32, 3, 24) + 9216 * 128 + 128 * 10
             }
             // conv1 32x1x5x5 at 28x28, conv2 64x32x5x5 at 14x14, fc1 3136x1024, fc2 1024x10
-            Self::FlashlightCnn => {
-                conv(32, 1, 5, 28) + conv(64, 32, 5, 14) + 3136 * 1024 + 1024 * 10
-            }
+            Self::FlashlightCnn => conv(32, 1, 5, 28) + conv(64, 32, 5, 14) + 3136 * 1024 + 1024 * 10,
         }
     }
 }

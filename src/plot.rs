@@ -50,7 +50,13 @@ pub struct BarSeries {
 }
 
 /// Grouped vertical bars with the value printed above each bar.
-pub fn bar_chart(path: &Path, title: &str, y_label: &str, groups: &[String], series: &[BarSeries]) -> Result<(), PlotError> {
+pub fn bar_chart(
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    groups: &[String],
+    series: &[BarSeries],
+) -> Result<(), PlotError> {
     register();
     let e = err(path);
     let root = BitMapBackend::new(path, (1000, 560)).into_drawing_area();
@@ -153,9 +159,19 @@ pub fn line_panels(path: &Path, x_label: &str, panels: &[Panel]) -> Result<(), P
         let points = || panel.lines.iter().flat_map(|l| l.points.iter());
         let (x_min, x_max) = points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
         let (y_min, y_max) = points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
-        let (x_min, x_max) = if x_min > x_max { (0.0, 1.0) } else if x_min == x_max { (x_min - 0.5, x_max + 0.5) } else { (x_min, x_max) };
+        let (x_min, x_max) = if x_min > x_max {
+            (0.0, 1.0)
+        } else if x_min == x_max {
+            (x_min - 0.5, x_max + 0.5)
+        } else {
+            (x_min, x_max)
+        };
         let pad = ((y_max - y_min) * 0.08).max(1e-6);
-        let (y_min, y_max) = if y_min > y_max { (0.0, 1.0) } else { (y_min - pad, y_max + pad) };
+        let (y_min, y_max) = if y_min > y_max {
+            (0.0, 1.0)
+        } else {
+            (y_min - pad, y_max + pad)
+        };
         let mut chart = ChartBuilder::on(area)
             .caption(&panel.title, (FAMILY, 20))
             .margin(12)
@@ -166,7 +182,13 @@ pub fn line_panels(path: &Path, x_label: &str, panels: &[Panel]) -> Result<(), P
         chart
             .configure_mesh()
             .x_labels(((x_max - x_min).round() as usize + 1).clamp(2, 12))
-            .x_label_formatter(&|x| if (x - x.round()).abs() < 1e-9 { format!("{x:.0}") } else { String::new() })
+            .x_label_formatter(&|x| {
+                if (x - x.round()).abs() < 1e-9 {
+                    format!("{x:.0}")
+                } else {
+                    String::new()
+                }
+            })
             .x_desc(x_label)
             .y_desc(&panel.y_label)
             .label_style((FAMILY, 14))
@@ -175,7 +197,10 @@ pub fn line_panels(path: &Path, x_label: &str, panels: &[Panel]) -> Result<(), P
         for (i, line) in panel.lines.iter().enumerate() {
             let color = PALETTE[i % PALETTE.len()];
             chart
-                .draw_series(plotters::series::LineSeries::new(line.points.iter().copied(), color.stroke_width(2)))
+                .draw_series(plotters::series::LineSeries::new(
+                    line.points.iter().copied(),
+                    color.stroke_width(2),
+                ))
                 .map_err(|x| e(x.to_string()))?
                 .label(line.name.clone())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
@@ -208,8 +233,14 @@ mod tests {
             "ms",
             &["net64".into(), "flash64".into()],
             &[
-                BarSeries { name: "ember".into(), values: vec![Some(180.0), Some(170.0)] },
-                BarSeries { name: "pytorch".into(), values: vec![Some(45.0), None] },
+                BarSeries {
+                    name: "ember".into(),
+                    values: vec![Some(180.0), Some(170.0)],
+                },
+                BarSeries {
+                    name: "pytorch".into(),
+                    values: vec![Some(45.0), None],
+                },
             ],
         )
         .unwrap();
@@ -220,7 +251,10 @@ mod tests {
             &[Panel {
                 title: "loss".into(),
                 y_label: "nll".into(),
-                lines: vec![Line { name: "train".into(), points: vec![(1.0, 0.3), (2.0, 0.1)] }],
+                lines: vec![Line {
+                    name: "train".into(),
+                    points: vec![(1.0, 0.3), (2.0, 0.1)],
+                }],
             }],
         )
         .unwrap();

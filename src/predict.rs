@@ -66,10 +66,24 @@ pub fn to_mnist(gray: &GrayImage) -> [u8; IMAGE_PIXELS] {
     if (w, h) != (IMAGE_SIDE as u32, IMAGE_SIDE as u32) {
         // Pad to a square with the (now dark) background so that the digit keeps its shape.
         let side = w.max(h);
-        let fill = if background > 127.5 { 255 - background as u8 } else { background as u8 };
+        let fill = if background > 127.5 {
+            255 - background as u8
+        } else {
+            background as u8
+        };
         let mut square = GrayImage::from_pixel(side, side, Luma([fill]));
-        image::imageops::overlay(&mut square, &img, i64::from((side - w) / 2), i64::from((side - h) / 2));
-        img = image::imageops::resize(&square, IMAGE_SIDE as u32, IMAGE_SIDE as u32, FilterType::Triangle);
+        image::imageops::overlay(
+            &mut square,
+            &img,
+            i64::from((side - w) / 2),
+            i64::from((side - h) / 2),
+        );
+        img = image::imageops::resize(
+            &square,
+            IMAGE_SIDE as u32,
+            IMAGE_SIDE as u32,
+            FilterType::Triangle,
+        );
     }
     let mut out = [0u8; IMAGE_PIXELS];
     out.copy_from_slice(img.as_raw());
@@ -77,7 +91,12 @@ pub fn to_mnist(gray: &GrayImage) -> [u8; IMAGE_PIXELS] {
 }
 
 /// Class probabilities for each image, `[n][classes]`.
-pub fn probabilities<B: Backend>(model: &Model<B>, images: &[[u8; IMAGE_PIXELS]], norm: Normalization, device: &B::Device) -> Vec<Vec<f64>> {
+pub fn probabilities<B: Backend>(
+    model: &Model<B>,
+    images: &[[u8; IMAGE_PIXELS]],
+    norm: Normalization,
+    device: &B::Device,
+) -> Vec<Vec<f64>> {
     if images.is_empty() {
         return Vec::new();
     }
@@ -103,7 +122,14 @@ pub fn top3(file: &str, probs: &[f64]) -> Prediction {
     Prediction {
         file: file.to_string(),
         prediction: order[0],
-        top3: order.iter().take(3).map(|&c| Guess { class: c, probability: probs[c] }).collect(),
+        top3: order
+            .iter()
+            .take(3)
+            .map(|&c| Guess {
+                class: c,
+                probability: probs[c],
+            })
+            .collect(),
     }
 }
 
@@ -132,7 +158,11 @@ mod tests {
         let out = to_mnist(&img);
         // Background dark, the bar light, in the middle column.
         assert_eq!(out[0], 0);
-        assert!(out[14 * 28 + 14] > 200 || out[14 * 28 + 13] > 200, "{:?}", &out[14 * 28..15 * 28]);
+        assert!(
+            out[14 * 28 + 14] > 200 || out[14 * 28 + 13] > 200,
+            "{:?}",
+            &out[14 * 28..15 * 28]
+        );
         // Padded to a square first: the top rows (padding) stay dark.
         assert!(out[..28 * 6].iter().all(|&p| p < 10));
     }

@@ -48,7 +48,11 @@ pub enum RunError {
         dir: String,
     },
     #[error("interrupted in epoch {epoch} after step {step}; {saved}")]
-    Interrupted { epoch: usize, step: usize, saved: String },
+    Interrupted {
+        epoch: usize,
+        step: usize,
+        saved: String,
+    },
     #[error("{0} is complete ({1} of {1} epochs); pass --epochs N with --resume to train further")]
     Complete(String, usize),
     #[error(transparent)]
@@ -107,7 +111,12 @@ impl<B: AutodiffBackend> Start<B> {
             Err(e) => return Err(e.into()),
         };
         rows.retain(|r| r.epoch <= state.epoch);
-        Ok(Self { model, optim, state, rows })
+        Ok(Self {
+            model,
+            optim,
+            state,
+            rows,
+        })
     }
 }
 
@@ -120,7 +129,12 @@ pub fn num(x: f64, decimals: usize) -> String {
     }
 }
 
-fn save<B: AutodiffBackend>(run: &RunDir, model: &Model<B>, optim: &Optimizer<Model<B>, B>, state: &TrainState) -> Result<(), RunError> {
+fn save<B: AutodiffBackend>(
+    run: &RunDir,
+    model: &Model<B>,
+    optim: &Optimizer<Model<B>, B>,
+    state: &TrainState,
+) -> Result<(), RunError> {
     run.save_checkpoint(model, Some(optimizer_bytes(optim)), state.clone())?;
     Ok(())
 }
@@ -142,7 +156,12 @@ pub fn train<B: AutodiffBackend>(
     save_model: bool,
     out: Output,
 ) -> Result<EvalStats, RunError> {
-    let Start { mut model, mut optim, mut state, mut rows } = start;
+    let Start {
+        mut model,
+        mut optim,
+        mut state,
+        mut rows,
+    } = start;
     if state.epoch >= config.epochs {
         return Err(RunError::Complete(run.path.display().to_string(), state.epoch));
     }
@@ -150,7 +169,13 @@ pub fn train<B: AutodiffBackend>(
         save(run, &model, &optim, &state)?;
     }
     let schedule = config.schedule();
-    let check_every = if out.log_interval > 0 { out.log_interval } else if out.bars { 10 } else { 100 };
+    let check_every = if out.log_interval > 0 {
+        out.log_interval
+    } else if out.bars {
+        10
+    } else {
+        100
+    };
     let mut last = None;
     while state.epoch < config.epochs {
         let epoch = state.epoch;
@@ -209,22 +234,38 @@ pub fn train<B: AutodiffBackend>(
                     step,
                     steps,
                     lr,
-                    saved: if save_model { describe(&state) } else { "none: --save-model=false".into() },
+                    saved: if save_model {
+                        describe(&state)
+                    } else {
+                        "none: --save-model=false".into()
+                    },
                     dir: run.path.display().to_string(),
                 })
             }
-            EpochEnd::Stopped { steps_done, loss_sum, seconds } => {
+            EpochEnd::Stopped {
+                steps_done,
+                loss_sum,
+                seconds,
+            } => {
                 state.global_step += steps_done - done_before;
                 state.step_in_epoch = steps_done;
                 state.partial_loss_sum = loss_sum;
                 state.partial_seconds = seconds;
                 let saved = if save_model {
                     save(run, &model, &optim, &state)?;
-                    format!("checkpoint written to {}; continue with: ember train --resume {}", run.path.display(), run.path.display())
+                    format!(
+                        "checkpoint written to {}; continue with: ember train --resume {}",
+                        run.path.display(),
+                        run.path.display()
+                    )
                 } else {
                     "no checkpoint written (--save-model=false)".into()
                 };
-                return Err(RunError::Interrupted { epoch: epoch + 1, step: steps_done, saved });
+                return Err(RunError::Interrupted {
+                    epoch: epoch + 1,
+                    step: steps_done,
+                    saved,
+                });
             }
         };
         state.global_step += stats.steps - done_before;
@@ -233,7 +274,10 @@ pub fn train<B: AutodiffBackend>(
         state.partial_loss_sum = 0.0;
         state.partial_seconds = 0.0;
 
-        let valid = splits.valid.as_ref().map(|v| train::evaluate_trained(&model, v, config.test_batch_size));
+        let valid = splits
+            .valid
+            .as_ref()
+            .map(|v| train::evaluate_trained(&model, v, config.test_batch_size));
         let test = train::evaluate_trained(&model, &splits.test, config.test_batch_size);
         rows.push(MetricsRow {
             epoch: state.epoch,
@@ -248,15 +292,28 @@ pub fn train<B: AutodiffBackend>(
             images_per_sec: stats.images_per_sec(),
         });
         metrics::write(&run.path, &rows)?;
-        let name = run.path.file_name().map_or("run".into(), |n| n.to_string_lossy().to_string());
+        let name = run
+            .path
+            .file_name()
+            .map_or("run".into(), |n| n.to_string_lossy().to_string());
         metrics::draw_curves(&run.path.join(CURVES_FILE), &[(name, rows.clone())])?;
         if save_model {
             save(run, &model, &optim, &state)?;
         }
         if !out.quiet {
-            let mut line = format!("epoch {:>3}/{}  lr {}  train loss {}", state.epoch, config.epochs, num(lr, 6), num(stats.loss, 4));
+            let mut line = format!(
+                "epoch {:>3}/{}  lr {}  train loss {}",
+                state.epoch,
+                config.epochs,
+                num(lr, 6),
+                num(stats.loss, 4)
+            );
             if let Some(v) = valid {
-                line += &format!("  valid loss {} accuracy {:.2}%", num(v.loss, 4), 100.0 * v.accuracy());
+                line += &format!(
+                    "  valid loss {} accuracy {:.2}%",
+                    num(v.loss, 4),
+                    100.0 * v.accuracy()
+                );
             }
             line += &format!(
                 "  test loss {}  accuracy {}  train {:.1} s  {:.0} img/s  eval {:.1} s",
@@ -271,13 +328,27 @@ pub fn train<B: AutodiffBackend>(
         last = Some(test);
     }
     let test = last.expect("at least one epoch ran");
-    let saved = if save_model { format!("  checkpoint in {}", run.path.display()) } else { String::new() };
-    println!("final: test loss {}  accuracy {}{saved}", num(test.loss, 4), test.accuracy_text());
+    let saved = if save_model {
+        format!("  checkpoint in {}", run.path.display())
+    } else {
+        String::new()
+    };
+    println!(
+        "final: test loss {}  accuracy {}{saved}",
+        num(test.loss, 4),
+        test.accuracy_text()
+    );
     Ok(test)
 }
 
 /// Header printed before training.
-pub fn header<B: AutodiffBackend>(config: &TrainConfig, model: &Model<B>, splits: &Splits<B::InnerBackend>, info: &str, run: &RunDir) -> String {
+pub fn header<B: AutodiffBackend>(
+    config: &TrainConfig,
+    model: &Model<B>,
+    splits: &Splits<B::InnerBackend>,
+    info: &str,
+    run: &RunDir,
+) -> String {
     format!(
         "ember train: recipe {}, {} ({} parameters), {} {} train / {} valid / {} test, {info}\nrun directory: {}",
         config.recipe.name(),

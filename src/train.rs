@@ -177,9 +177,16 @@ pub struct EpochControl<'a> {
 pub enum EpochEnd {
     Done(EpochStats),
     /// Stopped by `stop` after `steps_done` steps of the epoch.
-    Stopped { steps_done: usize, loss_sum: f64, seconds: f64 },
+    Stopped {
+        steps_done: usize,
+        loss_sum: f64,
+        seconds: f64,
+    },
     /// The loss of this step (1-based, within the epoch) was NaN or infinite.
-    NonFinite { step: usize, steps: usize },
+    NonFinite {
+        step: usize,
+        steps: usize,
+    },
 }
 
 /// Trains `model` for epoch `epoch` at learning rate `lr`, from `control.start_step` on.
@@ -214,7 +221,10 @@ pub fn train_epoch<B: AutodiffBackend>(
         let end = (begin + config.batch_size).min(len);
         let (images, targets) = train.gather(order.clone().slice(begin..end));
         // Dropout draws from the backend's generator; `Autodiff` forwards seeding to its inner backend.
-        B::InnerBackend::seed(&device, step_seed(config.seed, control.global_step + step - control.start_step));
+        B::InnerBackend::seed(
+            &device,
+            step_seed(config.seed, control.global_step + step - control.start_step),
+        );
         let (trained, batch_loss) = train_step(model, optim, images, targets, lr);
         model = trained;
         // x - x is NaN exactly when x is NaN or infinite.
@@ -318,7 +328,12 @@ impl EvalStats {
 
     /// "98.59% (9859/10000)".
     pub fn accuracy_text(&self) -> String {
-        format!("{:.2}% ({}/{})", 100.0 * self.accuracy(), self.correct, self.total)
+        format!(
+            "{:.2}% ({}/{})",
+            100.0 * self.accuracy(),
+            self.correct,
+            self.total
+        )
     }
 }
 
@@ -376,8 +391,10 @@ mod tests {
         // torch.nn.functional.cross_entropy(torch.tensor([[1., 2., 3.], [1., -1., 0.]]),
         //                                   torch.tensor([2, 0])).item() = 0.40760600566864014
         let device = Default::default();
-        let logits = Tensor::<TB, 2>::from_data(TensorData::new(vec![1f32, 2., 3., 1., -1., 0.], [2, 3]), &device);
-        let targets = Tensor::<TB, 1, Int>::from_data(TensorData::new(vec![2i64, 0], [2]).convert::<i32>(), &device);
+        let logits =
+            Tensor::<TB, 2>::from_data(TensorData::new(vec![1f32, 2., 3., 1., -1., 0.], [2, 3]), &device);
+        let targets =
+            Tensor::<TB, 1, Int>::from_data(TensorData::new(vec![2i64, 0], [2]).convert::<i32>(), &device);
         let ce = scalar(loss(logits.clone(), Output::Logits, targets.clone()));
         assert!((ce - 0.407_606_005_668_640_14).abs() < 1e-6, "{ce}");
         let nll = scalar(loss(log_softmax(logits, 1), Output::LogProbs, targets));

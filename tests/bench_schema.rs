@@ -11,13 +11,21 @@ fn root() -> &'static Path {
 }
 
 fn validator() -> jsonschema::Validator {
-    let schema: Value = serde_json::from_str(&std::fs::read_to_string(root().join("benches/schema.json")).unwrap()).unwrap();
+    let schema: Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("benches/schema.json")).unwrap()).unwrap();
     jsonschema::validator_for(&schema).unwrap()
 }
 
 fn assert_valid(validator: &jsonschema::Validator, record: &Value, what: &str) {
-    let errors: Vec<String> = validator.iter_errors(record).map(|e| format!("{} at {}", e, e.instance_path())).collect();
-    assert!(errors.is_empty(), "{what} does not match benches/schema.json:\n{}", errors.join("\n"));
+    let errors: Vec<String> = validator
+        .iter_errors(record)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(
+        errors.is_empty(),
+        "{what} does not match benches/schema.json:\n{}",
+        errors.join("\n")
+    );
 }
 
 #[test]
@@ -26,20 +34,44 @@ fn ember_bench_json_matches_the_shared_schema() {
     let json = dir.path().join("net64.json");
     let out = Command::cargo_bin("ember")
         .unwrap()
-        .args(["bench", "--scenario", "net64", "--device", "cpu", "--warmup", "1", "--steps", "2", "--repeats", "2", "--eval-repeats", "1", "--offline", "--data-dir"])
+        .args([
+            "bench",
+            "--scenario",
+            "net64",
+            "--device",
+            "cpu",
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+            "--repeats",
+            "2",
+            "--eval-repeats",
+            "1",
+            "--offline",
+            "--data-dir",
+        ])
         .arg(root().join("../shared/data/mnist"))
         .arg("--json")
         .arg(&json)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.starts_with("net64    ember"), "{stdout}");
     let record: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_valid(&validator(), &record, "ember bench's record");
     assert_eq!(record["train_step_ms"]["samples"].as_array().unwrap().len(), 2);
     assert_eq!(record["threads"].as_u64().unwrap() as usize, rayon_threads());
-    assert!(record["memory"]["peak_rss_bytes"].as_u64().unwrap() > 100 << 20, "{}", record["memory"]);
+    assert!(
+        record["memory"]["peak_rss_bytes"].as_u64().unwrap() > 100 << 20,
+        "{}",
+        record["memory"]
+    );
     assert!(record["gpu_utilization"].is_null());
 
     // The schema is strict: an extra field or a wrong type is caught.
@@ -58,7 +90,11 @@ fn rayon_threads() -> usize {
 #[test]
 fn committed_results_of_both_frameworks_match_the_schema() {
     let results: Vec<PathBuf> = std::fs::read_dir(root().join("benches/results"))
-        .map(|dir| dir.filter_map(|e| Some(e.ok()?.path().join("results.json"))).filter(|p| p.is_file()).collect())
+        .map(|dir| {
+            dir.filter_map(|e| Some(e.ok()?.path().join("results.json")))
+                .filter(|p| p.is_file())
+                .collect()
+        })
         .unwrap_or_default();
     let validator = validator();
     let mut frameworks = std::collections::BTreeSet::new();

@@ -56,16 +56,16 @@ fn assert_one_line_error(output: &std::process::Output, needles: &[&str]) {
 
 #[test]
 fn help_lists_the_commands() {
-    ember()
-        .arg("--help")
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("train").and(predicate::str::contains("eval")).and(predicate::str::contains("info")));
-    ember()
-        .args(["train", "--help"])
-        .assert()
-        .success()
-        .stdout(predicate::str::contains("--batch-size").and(predicate::str::contains("--test-batch-size")).and(predicate::str::contains("--log-interval")));
+    ember().arg("--help").assert().success().stdout(
+        predicate::str::contains("train")
+            .and(predicate::str::contains("eval"))
+            .and(predicate::str::contains("info")),
+    );
+    ember().args(["train", "--help"]).assert().success().stdout(
+        predicate::str::contains("--batch-size")
+            .and(predicate::str::contains("--test-batch-size"))
+            .and(predicate::str::contains("--log-interval")),
+    );
 }
 
 #[test]
@@ -75,7 +75,10 @@ fn unknown_recipe_is_an_error() {
         .assert()
         .failure()
         .code(2)
-        .stderr(predicate::str::contains("invalid value 'keras'").and(predicate::str::contains("pytorch-example")));
+        .stderr(
+            predicate::str::contains("invalid value 'keras'")
+                .and(predicate::str::contains("pytorch-example")),
+        );
 }
 
 #[test]
@@ -84,7 +87,9 @@ fn info_names_backend_and_device() {
         .args(["info", "--device", "cpu"])
         .assert()
         .success()
-        .stdout(predicate::str::contains("compiled backends: flex").and(predicate::str::contains("uses: cpu")));
+        .stdout(
+            predicate::str::contains("compiled backends: flex").and(predicate::str::contains("uses: cpu")),
+        );
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -108,29 +113,54 @@ fn missing_data_offline_says_what_to_put_where() {
         assert!(stderr.contains(f), "{stderr}");
     }
     assert!(stderr.contains(&empty.path().display().to_string()), "{stderr}");
-    assert!(stderr.contains("--offline") && stderr.contains("--data-dir"), "{stderr}");
+    assert!(
+        stderr.contains("--offline") && stderr.contains("--data-dir"),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn garbage_idx_file_is_a_one_line_error_naming_it() {
     let dir = mnist_with("train-labels-idx1-ubyte.gz", b"<html>404 not found</html>");
-    let out = ember().args(["train", "--epochs", "1", "--data-dir"]).arg(dir.path()).output().unwrap();
+    let out = ember()
+        .args(["train", "--epochs", "1", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert_one_line_error(&out, &["train-labels-idx1-ubyte.gz", "gzip"]);
 }
 
 #[test]
 fn truncated_idx_file_is_a_one_line_error_naming_it() {
     // A well-formed gzip of an IDX file cut short: the header promises 10,000 labels.
-    let full = flate2::read::GzDecoder::new(std::fs::File::open(shared_mnist().join("t10k-labels-idx1-ubyte.gz")).unwrap());
+    let full = flate2::read::GzDecoder::new(
+        std::fs::File::open(shared_mnist().join("t10k-labels-idx1-ubyte.gz")).unwrap(),
+    );
     let mut raw = Vec::new();
     std::io::Read::read_to_end(&mut { full }, &mut raw).unwrap();
     let dir = mnist_with("t10k-labels-idx1-ubyte.gz", &gzip(&raw[..5000]));
-    let out = ember().args(["train", "--epochs", "1", "--data-dir"]).arg(dir.path()).output().unwrap();
-    assert_one_line_error(&out, &["t10k-labels-idx1-ubyte.gz", "10000 bytes", "4992 bytes", "truncated"]);
+    let out = ember()
+        .args(["train", "--epochs", "1", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_one_line_error(
+        &out,
+        &[
+            "t10k-labels-idx1-ubyte.gz",
+            "10000 bytes",
+            "4992 bytes",
+            "truncated",
+        ],
+    );
 
     // An image file whose header is all that is left.
     let dir = mnist_with("t10k-images-idx3-ubyte.gz", &gzip(&[0, 0, 8, 3, 0, 0]));
-    let out = ember().args(["train", "--epochs", "1", "--data-dir"]).arg(dir.path()).output().unwrap();
+    let out = ember()
+        .args(["train", "--epochs", "1", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert_one_line_error(&out, &["t10k-images-idx3-ubyte.gz", "header"]);
 }
 
@@ -138,14 +168,25 @@ fn truncated_idx_file_is_a_one_line_error_naming_it() {
 fn labels_in_place_of_images_are_named() {
     let labels = std::fs::read(shared_mnist().join("t10k-labels-idx1-ubyte.gz")).unwrap();
     let dir = mnist_with("t10k-images-idx3-ubyte.gz", &labels);
-    let out = ember().args(["train", "--epochs", "1", "--data-dir"]).arg(dir.path()).output().unwrap();
-    assert_one_line_error(&out, &["t10k-images-idx3-ubyte.gz", "magic number 2049", "expected 2051"]);
+    let out = ember()
+        .args(["train", "--epochs", "1", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_one_line_error(
+        &out,
+        &["t10k-images-idx3-ubyte.gz", "magic number 2049", "expected 2051"],
+    );
 }
 
 #[test]
 fn eval_of_a_folder_without_checkpoint_fails() {
     let dir = tempfile::tempdir().unwrap();
-    let out = ember().args(["eval", "--checkpoint"]).arg(dir.path()).output().unwrap();
+    let out = ember()
+        .args(["eval", "--checkpoint"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
     assert_one_line_error(&out, &["not a checkpoint"]);
 }
 
@@ -167,14 +208,29 @@ fn eval_reproduces_the_accuracy_training_printed() {
     let runs = tempfile::tempdir().unwrap();
     let run_dir = runs.path().join("run");
     let train = ember()
-        .args(["train", "--recipe", "tch", "--epochs", "1", "--limit-train", "512", "--device", "cpu", "--data-dir"])
+        .args([
+            "train",
+            "--recipe",
+            "tch",
+            "--epochs",
+            "1",
+            "--limit-train",
+            "512",
+            "--device",
+            "cpu",
+            "--data-dir",
+        ])
         .arg(shared_mnist())
         .arg("--run-dir")
         .arg(&run_dir)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&train.stdout);
-    assert!(train.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&train.stderr));
+    assert!(
+        train.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&train.stderr)
+    );
     let eval = ember()
         .args(["eval", "--device", "cpu", "--data-dir"])
         .arg(shared_mnist())
@@ -183,11 +239,18 @@ fn eval_reproduces_the_accuracy_training_printed() {
         .output()
         .unwrap();
     let eval_out = String::from_utf8_lossy(&eval.stdout);
-    assert!(eval.status.success(), "{eval_out}\n{}", String::from_utf8_lossy(&eval.stderr));
+    assert!(
+        eval.status.success(),
+        "{eval_out}\n{}",
+        String::from_utf8_lossy(&eval.stderr)
+    );
     let trained = test_result(&stdout);
     let evaluated = test_result(&eval_out);
     assert!(evaluated.1.ends_with("/10000)"), "{evaluated:?}");
-    assert_eq!(trained, evaluated, "train printed:\n{stdout}\neval printed:\n{eval_out}");
+    assert_eq!(
+        trained, evaluated,
+        "train printed:\n{stdout}\neval printed:\n{eval_out}"
+    );
 
     // A second run into the same directory is refused; the first run's files stay.
     let again = ember()
@@ -207,7 +270,14 @@ fn import_of_a_pytorch_state_dict_gives_a_checkpoint_eval_accepts() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("imported");
     ember()
-        .args(["import", "--from", "pytorch", "--model", "pytorch-example", "--out"])
+        .args([
+            "import",
+            "--from",
+            "pytorch",
+            "--model",
+            "pytorch-example",
+            "--out",
+        ])
         .arg(&out)
         .arg(&pt)
         .assert()
@@ -236,6 +306,16 @@ fn import_of_a_pytorch_state_dict_gives_a_checkpoint_eval_accepts() {
         .arg(&pt)
         .output()
         .unwrap();
-    assert_one_line_error(&wrong, &["pytorch-example-net.pt", "not a flashlight-cnn state_dict", "conv1.weight"]);
-    assert!(!dir.path().join("wrong").exists(), "a failed import leaves no checkpoint");
+    assert_one_line_error(
+        &wrong,
+        &[
+            "pytorch-example-net.pt",
+            "not a flashlight-cnn state_dict",
+            "conv1.weight",
+        ],
+    );
+    assert!(
+        !dir.path().join("wrong").exists(),
+        "a failed import leaves no checkpoint"
+    );
 }

@@ -61,7 +61,13 @@ fn idx_bytes(magic: u32, dims: &[u32], payload: &[u8]) -> Vec<u8> {
 #[test]
 fn idx_reader_survives_arbitrary_and_lying_inputs() {
     // A fresh runner per property: a runner that has finished its cases runs no more.
-    let runner = || TestRunner::new(Config { cases: CASES, failure_persistence: None, ..Config::default() });
+    let runner = || {
+        TestRunner::new(Config {
+            cases: CASES,
+            failure_persistence: None,
+            ..Config::default()
+        })
+    };
     let tried = std::cell::Cell::new(0usize);
 
     // 1. Arbitrary bytes, read as images and as labels.
@@ -70,7 +76,11 @@ fn idx_reader_survives_arbitrary_and_lying_inputs() {
             tried.set(tried.get() + 1);
             for magic in [IMAGES_MAGIC, LABELS_MAGIC] {
                 let (_, largest) = parse_measured(&bytes, magic);
-                prop_assert!(largest <= budget(bytes.len()), "{largest} bytes allocated for a {}-byte input", bytes.len());
+                prop_assert!(
+                    largest <= budget(bytes.len()),
+                    "{largest} bytes allocated for a {}-byte input",
+                    bytes.len()
+                );
             }
             Ok(())
         })
@@ -91,7 +101,11 @@ fn idx_reader_survives_arbitrary_and_lying_inputs() {
             let dims = &dims[..rank.min(3)];
             let bytes = idx_bytes(magic, dims, &payload);
             let (result, largest) = parse_measured(&bytes, magic);
-            prop_assert!(largest <= budget(bytes.len()), "{largest} bytes allocated for a {}-byte input", bytes.len());
+            prop_assert!(
+                largest <= budget(bytes.len()),
+                "{largest} bytes allocated for a {}-byte input",
+                bytes.len()
+            );
             let expected: Option<usize> = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d as usize));
             if expected.is_some_and(|n| n > 1 << 20) {
                 lying.set(lying.get() + 1);
@@ -104,7 +118,11 @@ fn idx_reader_survives_arbitrary_and_lying_inputs() {
                 }
                 Err(e) => {
                     prop_assert!(e.starts_with("fuzz.idx: "), "error does not name the file: {}", e);
-                    prop_assert!(rank != dims.len() || Some(payload.len()) != expected, "valid input rejected: {}", e);
+                    prop_assert!(
+                        rank != dims.len() || Some(payload.len()) != expected,
+                        "valid input rejected: {}",
+                        e
+                    );
                 }
             }
             Ok(())
@@ -140,4 +158,3 @@ fn idx_reader_survives_arbitrary_and_lying_inputs() {
     assert!(lying > CASES as usize / 20, "only {lying} lying headers");
     eprintln!("idx property test: {tried} inputs ({lying} headers claiming > 1 MiB), no panic, no allocation beyond 2 x input + 4 KiB");
 }
-

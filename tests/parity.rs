@@ -14,7 +14,11 @@ use parity::{assert_parity, compare, fixtures, Fixture, CPU};
 
 #[test]
 fn parity_all_models_flex() {
-    for kind in [ModelKind::PytorchExampleNet, ModelKind::TchNet, ModelKind::FlashlightCnn] {
+    for kind in [
+        ModelKind::PytorchExampleNet,
+        ModelKind::TchNet,
+        ModelKind::FlashlightCnn,
+    ] {
         assert_parity::<Autodiff<ember::backend::Cpu>>(kind, CPU, &Default::default());
     }
 }
@@ -31,9 +35,17 @@ fn parity_all_models_cuda() {
         }
     }
     // TF32 and different reduction orders on the GPU.
-    let gpu = Tolerance { outputs: 1e-3, grads: 1e-3, params: 1e-3 };
+    let gpu = Tolerance {
+        outputs: 1e-3,
+        grads: 1e-3,
+        params: 1e-3,
+    };
     let device = burn::backend::cuda::CudaDevice::new(0);
-    for kind in [ModelKind::PytorchExampleNet, ModelKind::TchNet, ModelKind::FlashlightCnn] {
+    for kind in [
+        ModelKind::PytorchExampleNet,
+        ModelKind::TchNet,
+        ModelKind::FlashlightCnn,
+    ] {
         assert_parity::<Autodiff<ember::backend::Gpu>>(kind, gpu, &device);
     }
 }
@@ -43,18 +55,30 @@ fn parity_import_of_a_pytorch_state_dict() {
     // pytorch-example-net.pt is the parity fixture's initial state_dict, saved by torch.save.
     let fixture = Fixture::load("pytorch-example-net");
     let device = Default::default();
-    let imported = from_pytorch_file::<NdArray>(ModelKind::PytorchExampleNet, &fixtures().join("pytorch-example-net.pt"), &device).unwrap();
+    let imported = from_pytorch_file::<NdArray>(
+        ModelKind::PytorchExampleNet,
+        &fixtures().join("pytorch-example-net.pt"),
+        &device,
+    )
+    .unwrap();
     let (shape, images) = fixture.get("images");
     let x = Tensor::<NdArray, 4>::from_data(
-        TensorData::new(images.iter().map(|&v| v as f32).collect::<Vec<_>>(), shape.clone()),
+        TensorData::new(
+            images.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+            shape.clone(),
+        ),
         &device,
     );
     compare(&fixture, "logits", &imported.forward(x).to_data(), CPU.outputs).unwrap();
 
     // The same file is not a flashlight-cnn: every mismatching key is listed.
-    let err = from_pytorch_file::<NdArray>(ModelKind::FlashlightCnn, &fixtures().join("pytorch-example-net.pt"), &device)
-        .unwrap_err()
-        .to_string();
+    let err = from_pytorch_file::<NdArray>(
+        ModelKind::FlashlightCnn,
+        &fixtures().join("pytorch-example-net.pt"),
+        &device,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(err.contains("not a flashlight-cnn state_dict"), "{err}");
     assert!(err.contains("fc1.weight"), "{err}");
 }

@@ -35,6 +35,7 @@ fn parity_flashlight_cnn_ndarray() {
 fn parity_check_names_the_first_diverging_tensor() {
     // TchNet's weights and batch through PytorchExampleNet (same shapes, a ReLU after conv2 and
     // log_softmax): a wrong model must fail at the first output.
-    let err = check::<Reference>("tch-net", ModelKind::PytorchExampleNet, CPU, &Default::default()).unwrap_err();
+    let err =
+        check::<Reference>("tch-net", ModelKind::PytorchExampleNet, CPU, &Default::default()).unwrap_err();
     assert!(err.starts_with("logits: relative error"), "{err}");
 }

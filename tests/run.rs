@@ -22,12 +22,29 @@ fn ember() -> Command {
 }
 
 /// Training flags of a small, quick run: 10 steps per epoch, 1,000 test images.
-const SMALL: [&str; 8] = ["--limit-train", "640", "--limit-test", "1000", "--device", "cpu", "--log-interval", "1"];
+const SMALL: [&str; 8] = [
+    "--limit-train",
+    "640",
+    "--limit-test",
+    "1000",
+    "--device",
+    "cpu",
+    "--log-interval",
+    "1",
+];
 
 fn train_args(run_dir: &Path, epochs: &str) -> Vec<String> {
-    let mut v: Vec<String> = ["train", "--epochs", epochs].iter().map(|s| s.to_string()).collect();
+    let mut v: Vec<String> = ["train", "--epochs", epochs]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     v.extend(SMALL.iter().map(|s| s.to_string()));
-    v.extend(["--data-dir".into(), shared_mnist().display().to_string(), "--run-dir".into(), run_dir.display().to_string()]);
+    v.extend([
+        "--data-dir".into(),
+        shared_mnist().display().to_string(),
+        "--run-dir".into(),
+        run_dir.display().to_string(),
+    ]);
     v
 }
 
@@ -36,7 +53,10 @@ fn weights(run_dir: &Path) -> Vec<(String, Vec<f32>)> {
     let run = RunDir::open(run_dir).unwrap();
     let config = run.load_config().unwrap();
     let model = run.load_model::<NdArray>(&config, &Default::default()).unwrap();
-    to_pytorch_tensors(&model).into_iter().map(|(n, d)| (n, d.to_vec().unwrap())).collect()
+    to_pytorch_tensors(&model)
+        .into_iter()
+        .map(|(n, d)| (n, d.to_vec().unwrap()))
+        .collect()
 }
 
 #[test]
@@ -68,7 +88,10 @@ fn a_run_killed_mid_epoch_and_resumed_ends_with_the_same_weights() {
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     assert!(seen.iter().any(|l| l.starts_with("epoch   1/3")), "{seen:#?}");
-    assert!(!seen.iter().any(|l| l.starts_with("epoch   2/3")), "killed too late: {seen:#?}");
+    assert!(
+        !seen.iter().any(|l| l.starts_with("epoch   2/3")),
+        "killed too late: {seen:#?}"
+    );
 
     let state = std::fs::read_to_string(killed.join("state.json")).unwrap();
     assert!(state.contains("\"epoch\": 1"), "{state}");
@@ -81,14 +104,30 @@ fn a_run_killed_mid_epoch_and_resumed_ends_with_the_same_weights() {
         .output()
         .unwrap();
     let out = String::from_utf8_lossy(&resumed.stdout);
-    assert!(resumed.status.success(), "{out}\n{}", String::from_utf8_lossy(&resumed.stderr));
-    assert!(out.contains("resuming after 1 completed epochs (10 steps)"), "{out}");
+    assert!(
+        resumed.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    assert!(
+        out.contains("resuming after 1 completed epochs (10 steps)"),
+        "{out}"
+    );
 
     let (a, b) = (weights(&straight), weights(&killed));
     assert_eq!(a.len(), 8);
     for ((name, x), (_, y)) in a.iter().zip(&b) {
-        let differing = x.iter().zip(y).filter(|(p, q)| p.to_bits() != q.to_bits()).count();
-        assert_eq!(differing, 0, "{name}: {differing} of {} values differ after resume", x.len());
+        let differing = x
+            .iter()
+            .zip(y)
+            .filter(|(p, q)| p.to_bits() != q.to_bits())
+            .count();
+        assert_eq!(
+            differing,
+            0,
+            "{name}: {differing} of {} values differ after resume",
+            x.len()
+        );
     }
     // The metrics agree too (training seconds aside).
     let metrics = |d: &Path| -> Vec<String> {
@@ -102,7 +141,13 @@ fn a_run_killed_mid_epoch_and_resumed_ends_with_the_same_weights() {
     assert_eq!(metrics(&killed).len(), 4);
 
     // Resuming a finished run says so.
-    let again = ember().args(["train", "--resume"]).arg(&killed).args(["--data-dir"]).arg(shared_mnist()).output().unwrap();
+    let again = ember()
+        .args(["train", "--resume"])
+        .arg(&killed)
+        .args(["--data-dir"])
+        .arg(shared_mnist())
+        .output()
+        .unwrap();
     assert!(!again.status.success());
     assert!(String::from_utf8_lossy(&again.stderr).contains("is complete (3 of 3 epochs)"));
 }
@@ -117,8 +162,14 @@ fn a_diverging_run_stops_naming_epoch_and_step_and_keeps_the_last_checkpoint() {
     let out = ember().args(&args).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.starts_with("Error: training loss is not finite"), "{stderr}");
-    assert!(stderr.contains("at epoch 1, step 2 of 10 (lr 1.000e12)"), "{stderr}");
+    assert!(
+        stderr.starts_with("Error: training loss is not finite"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("at epoch 1, step 2 of 10 (lr 1.000e12)"),
+        "{stderr}"
+    );
     assert!(stderr.contains("last good checkpoint (epoch 0)"), "{stderr}");
     // The checkpoint written before training (epoch 0) still loads and evaluates.
     ember()
@@ -163,7 +214,13 @@ fn predict_on_pngs_of_test_images_agrees_with_the_model_and_reports_bad_files() 
     let split = ember::data::DeviceSplit::<NdArray>::upload(&data.test, config.normalization, &device);
     let (images, _) = split.range(0, 12);
     use ember_models::Classifier;
-    let expected: Vec<i64> = model.forward(images).argmax(1).into_data().convert::<i64>().to_vec().unwrap();
+    let expected: Vec<i64> = model
+        .forward(images)
+        .argmax(1)
+        .into_data()
+        .convert::<i64>()
+        .to_vec()
+        .unwrap();
 
     let out = ember()
         .args(["predict", "--json", "--checkpoint"])
@@ -176,7 +233,10 @@ fn predict_on_pngs_of_test_images_agrees_with_the_model_and_reports_bad_files() 
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("notes.txt: cannot read as an image"), "{stderr}");
-    assert!(stderr.contains("1 of 13 files could not be classified"), "{stderr}");
+    assert!(
+        stderr.contains("1 of 13 files could not be classified"),
+        "{stderr}"
+    );
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let entries = json.as_array().unwrap();
     assert_eq!(entries.len(), 13);
@@ -187,20 +247,39 @@ fn predict_on_pngs_of_test_images_agrees_with_the_model_and_reports_bad_files() 
         .map(|e| e["prediction"].as_i64().unwrap())
         .collect();
     assert_eq!(predicted, expected);
-    let p: f64 = entries[0]["top3"].as_array().unwrap().iter().map(|g| g["probability"].as_f64().unwrap()).sum();
+    let p: f64 = entries[0]["top3"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["probability"].as_f64().unwrap())
+        .sum();
     assert!(p > 0.0 && p <= 1.0 + 1e-6, "{p}");
 
     // Text output: one line per file, the digit first.
-    let out = ember().args(["predict", "--checkpoint"]).arg(&run).arg(&files[0]).output().unwrap();
+    let out = ember()
+        .args(["predict", "--checkpoint"])
+        .arg(&run)
+        .arg(&files[0])
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
-    assert!(stdout.starts_with(&format!("{}: {}  (", files[0].display(), expected[0])), "{stdout}");
+    assert!(
+        stdout.starts_with(&format!("{}: {}  (", files[0].display(), expected[0])),
+        "{stdout}"
+    );
 
     // ember plot redraws the curves, and overlays runs.
     std::fs::remove_file(run.join("curves.png")).unwrap();
     ember().args(["plot"]).arg(&run).assert().success();
     assert!(run.join("curves.png").is_file());
     let both = dir.path().join("both.png");
-    ember().args(["plot", "--out"]).arg(&both).arg(&run).arg(&run).assert().success();
+    ember()
+        .args(["plot", "--out"])
+        .arg(&both)
+        .arg(&run)
+        .arg(&run)
+        .assert()
+        .success();
     assert!(std::fs::metadata(&both).unwrap().len() > 10_000);
 }

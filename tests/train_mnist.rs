@@ -6,9 +6,9 @@ use std::path::Path;
 use burn::backend::Autodiff;
 use ember::backend::Cpu;
 use ember::checkpoint::RunDir;
+use ember::checkpoint::TrainState;
 use ember::config::Recipe;
 use ember::data::{Dataset, Mnist, Source};
-use ember::checkpoint::TrainState;
 use ember::train::{evaluate, evaluate_trained, init_model, train_whole_epoch, EpochEnd, Splits};
 
 #[test]
@@ -29,7 +29,9 @@ fn one_epoch_on_20k_images_reaches_97_percent_and_reloads_identically() {
     let model = init_model::<Autodiff<Cpu>>(&config, &device);
     let mut optim = config.optimizer.init();
     let (model, end) = train_whole_epoch(model, &mut optim, &splits.train, &config, 0, config.lr);
-    let EpochEnd::Done(stats) = end else { panic!("epoch ended with {end:?}") };
+    let EpochEnd::Done(stats) = end else {
+        panic!("epoch ended with {end:?}")
+    };
     assert_eq!(stats.steps, 313);
     let test = evaluate_trained(&model, &splits.test, config.test_batch_size);
     eprintln!(
@@ -41,14 +43,20 @@ fn one_epoch_on_20k_images_reaches_97_percent_and_reloads_identically() {
         stats.images_per_sec()
     );
     assert_eq!(test.total, 10_000);
-    assert!(test.accuracy() >= 0.97, "test accuracy {:.2}% < 97%", 100.0 * test.accuracy());
+    assert!(
+        test.accuracy() >= 0.97,
+        "test accuracy {:.2}% < 97%",
+        100.0 * test.accuracy()
+    );
     assert!(test.loss < 0.12, "test loss {}", test.loss);
 
     let dir = tempfile::tempdir().unwrap();
     let run = RunDir::create(dir.path().join("run")).unwrap();
     run.save_config(&config).unwrap();
     run.save_checkpoint(&model, None, TrainState::default()).unwrap();
-    let reloaded = run.load_model::<Cpu>(&run.load_config().unwrap(), &device).unwrap();
+    let reloaded = run
+        .load_model::<Cpu>(&run.load_config().unwrap(), &device)
+        .unwrap();
     let again = evaluate(&reloaded, &splits.test, config.test_batch_size);
     assert_eq!((again.correct, again.loss), (test.correct, test.loss));
 }

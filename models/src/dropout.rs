@@ -46,13 +46,13 @@ impl ChannelDropout {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::{TAB, TB};
+    use crate::test_util::{TestAutodiff, TestBackend};
 
     #[test]
     fn drops_whole_channels_and_rescales_the_rest() {
         let device = Default::default();
-        TAB::seed(&device, 7);
-        let x = Tensor::<TAB, 4>::ones([8, 16, 5, 5], &device);
+        TestAutodiff::seed(&device, 7);
+        let x = Tensor::<TestAutodiff, 4>::ones([8, 16, 5, 5], &device);
         let y = ChannelDropout::new(0.25).forward(x);
         let data = y.into_data().to_vec::<f32>().unwrap();
         let (mut dropped, mut kept) = (0, 0);
@@ -61,7 +61,10 @@ mod tests {
             if channel.iter().all(|&v| v == 0.0) {
                 dropped += 1;
             } else {
-                assert!(channel.iter().all(|&v| (v - 1.0 / 0.75).abs() < 1e-6), "{channel:?}");
+                assert!(
+                    channel.iter().all(|&v| (v - 1.0 / 0.75).abs() < 1e-6),
+                    "{channel:?}"
+                );
                 kept += 1;
             }
         }
@@ -73,7 +76,7 @@ mod tests {
     #[test]
     fn is_identity_without_autodiff() {
         let device = Default::default();
-        let x = Tensor::<TB, 4>::ones([2, 3, 4, 4], &device);
+        let x = Tensor::<TestBackend, 4>::ones([2, 3, 4, 4], &device);
         let y = ChannelDropout::new(0.5).forward(x.clone());
         y.into_data().assert_eq(&x.into_data(), true);
     }

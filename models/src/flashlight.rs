@@ -77,13 +77,13 @@ impl<B: Backend> Classifier<B> for FlashlightCnn<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::TB;
+    use crate::test_util::TestBackend;
     use burn::tensor::TensorData;
 
     #[test]
     fn parameter_count_equals_pytorch() {
         // 832 + 51,264 + 3,212,288 + 10,250
-        let model = FlashlightCnnConfig::new().init::<TB>(&Default::default());
+        let model = FlashlightCnnConfig::new().init::<TestBackend>(&Default::default());
         assert_eq!(model.num_params(), 3_274_634);
     }
 
@@ -91,7 +91,10 @@ mod tests {
     fn replicate_padding_repeats_border_pixels() {
         // torch.nn.functional.pad(torch.tensor([[[[1., 2.], [3., 4.]]]]), (2, 2, 2, 2), mode="replicate")
         let device = Default::default();
-        let x = Tensor::<TB, 4>::from_data(TensorData::new(vec![1f32, 2., 3., 4.], [1, 1, 2, 2]), &device);
+        let x = Tensor::<TestBackend, 4>::from_data(
+            TensorData::new(vec![1f32, 2., 3., 4.], [1, 1, 2, 2]),
+            &device,
+        );
         let y = pad_replicate(x, 2);
         #[rustfmt::skip]
         let expected = TensorData::new(vec![
@@ -108,8 +111,8 @@ mod tests {
     #[test]
     fn keeps_spatial_size_through_padded_convolutions() {
         let device = Default::default();
-        let model = FlashlightCnnConfig::new().init::<TB>(&device);
-        let x = Tensor::<TB, 4>::zeros([2, 1, 28, 28], &device);
+        let model = FlashlightCnnConfig::new().init::<TestBackend>(&device);
+        let x = Tensor::<TestBackend, 4>::zeros([2, 1, 28, 28], &device);
         assert_eq!(model.forward(x).dims(), [2, 10]);
     }
 }

@@ -42,6 +42,6 @@ pub trait Classifier<B: Backend>: Module<B> {
 #[cfg(test)]
 pub(crate) mod test_util {
     use burn::backend::{Autodiff, NdArray};
-    pub type TB = NdArray<f32>;
-    pub type TAB = Autodiff<TB>;
+    pub type TestBackend = NdArray<f32>;
+    pub type TestAutodiff = Autodiff<TestBackend>;
 }

@@ -73,20 +73,21 @@ impl<B: Backend> Classifier<B> for PytorchExampleNet<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::TB;
+    use crate::test_util::TestBackend;
 
     #[test]
     fn parameter_count_equals_pytorch() {
         // sum(p.numel() for p in Net().parameters()) in pytorch/examples mnist/main.py
-        let model = PytorchExampleNetConfig::new().init::<TB>(&Default::default());
+        let model = PytorchExampleNetConfig::new().init::<TestBackend>(&Default::default());
         assert_eq!(model.num_params(), 1_199_882);
     }
 
     #[test]
     fn outputs_log_probabilities_per_image() {
         let device = Default::default();
-        let model = PytorchExampleNetConfig::new().init::<TB>(&device);
-        let x = Tensor::<TB, 4>::random([3, 1, 28, 28], burn::tensor::Distribution::Default, &device);
+        let model = PytorchExampleNetConfig::new().init::<TestBackend>(&device);
+        let x =
+            Tensor::<TestBackend, 4>::random([3, 1, 28, 28], burn::tensor::Distribution::Default, &device);
         let y = model.forward(x);
         assert_eq!(y.dims(), [3, 10]);
         let sums = y.exp().sum_dim(1).into_data().to_vec::<f32>().unwrap();

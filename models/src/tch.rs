@@ -69,20 +69,20 @@ impl<B: Backend> Classifier<B> for TchNet<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_util::TB;
+    use crate::test_util::TestBackend;
 
     #[test]
     fn parameter_count_equals_pytorch() {
         // Same layers as the PyTorch example: 320 + 18,496 + 1,179,776 + 1,290.
-        let model = TchNetConfig::new().init::<TB>(&Default::default());
+        let model = TchNetConfig::new().init::<TestBackend>(&Default::default());
         assert_eq!(model.num_params(), 1_199_882);
     }
 
     #[test]
     fn outputs_logits_per_image() {
         let device = Default::default();
-        let model = TchNetConfig::new().init::<TB>(&device);
-        let x = Tensor::<TB, 4>::zeros([2, 1, 28, 28], &device);
+        let model = TchNetConfig::new().init::<TestBackend>(&device);
+        let x = Tensor::<TestBackend, 4>::zeros([2, 1, 28, 28], &device);
         assert_eq!(model.forward(x).dims(), [2, 10]);
     }
 }

@@ -42,10 +42,7 @@ impl<B: Backend> DeviceSplit<B> {
     pub fn upload(split: &Split, norm: Normalization, device: &B::Device) -> Self {
         let len = split.len();
         let pixels: Vec<f32> = split.images.iter().map(|&p| norm.apply(p)).collect();
-        let images = Tensor::from_data(
-            TensorData::new(pixels, [len, 1, IMAGE_SIDE, IMAGE_SIDE]),
-            device,
-        );
+        let images = Tensor::from_data(TensorData::new(pixels, [len, 1, IMAGE_SIDE, IMAGE_SIDE]), device);
         let labels: Vec<i64> = split.labels.iter().map(|&l| l as i64).collect();
         let labels = Tensor::from_data(TensorData::new(labels, [len]).convert::<B::IntElem>(), device);
         Self { images, labels }
@@ -107,7 +104,9 @@ mod tests {
     #[test]
     fn gathers_the_requested_examples() {
         let split = Split {
-            images: (0..3 * IMAGE_PIXELS).map(|i| (i / IMAGE_PIXELS) as u8 * 10).collect(),
+            images: (0..3 * IMAGE_PIXELS)
+                .map(|i| (i / IMAGE_PIXELS) as u8 * 10)
+                .collect(),
             labels: vec![4, 5, 6],
         };
         let device = Default::default();

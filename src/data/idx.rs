@@ -107,12 +107,12 @@ fn read_header(reader: &mut impl Read, buf: &mut [u8], path: &Path) -> Result<()
 fn read_error(path: &Path, source: std::io::Error) -> DataError {
     // GzDecoder reports a truncated or corrupt stream as an I/O error of these kinds.
     match source.kind() {
-        std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof => {
-            DataError::Invalid {
-                path: PathBuf::from(path),
-                reason: format!("corrupt or truncated gzip stream ({source})"),
-            }
-        }
+        std::io::ErrorKind::InvalidInput
+        | std::io::ErrorKind::InvalidData
+        | std::io::ErrorKind::UnexpectedEof => DataError::Invalid {
+            path: PathBuf::from(path),
+            reason: format!("corrupt or truncated gzip stream ({source})"),
+        },
         _ => DataError::Io {
             path: path.to_owned(),
             source,

@@ -1,9 +1,9 @@
 //! MNIST-format datasets: locating, downloading, verifying and parsing their files, and putting
 //! a split on the device once.
 
-pub mod idx;
 mod device;
 mod download;
+pub mod idx;
 
 pub use device::{indices, DeviceSplit, Normalization};
 
@@ -134,20 +134,29 @@ impl Dataset {
                 "https://ossci-datasets.s3.amazonaws.com/mnist/",
                 "http://yann.lecun.com/exdb/mnist/",
             ],
-            Dataset::FashionMnist => &[
-                "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
-            ],
+            Dataset::FashionMnist => &["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"],
         }
     }
 
     /// A class's name: the digit for MNIST, the garment for Fashion-MNIST.
     pub fn class_name(self, class: usize) -> String {
         const FASHION: [&str; NUM_CLASSES] = [
-            "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+            "T-shirt/top",
+            "Trouser",
+            "Pullover",
+            "Dress",
+            "Coat",
+            "Sandal",
+            "Shirt",
+            "Sneaker",
+            "Bag",
+            "Ankle boot",
         ];
         match self {
             Dataset::Mnist => class.to_string(),
-            Dataset::FashionMnist => FASHION.get(class).map_or(class.to_string(), |n| format!("{class} ({n})")),
+            Dataset::FashionMnist => FASHION
+                .get(class)
+                .map_or(class.to_string(), |n| format!("{class} ({n})")),
         }
     }
 
@@ -296,7 +305,12 @@ fn verify(path: &Path, dataset: Dataset, spec: &FileSpec, parsed: &idx::Idx) -> 
     Ok(())
 }
 
-fn check_split(images_path: &Path, images: &idx::Idx, labels_path: &Path, labels: &idx::Idx) -> Result<(), DataError> {
+fn check_split(
+    images_path: &Path,
+    images: &idx::Idx,
+    labels_path: &Path,
+    labels: &idx::Idx,
+) -> Result<(), DataError> {
     if images.dims[1..] != [IMAGE_SIDE, IMAGE_SIDE] {
         return Err(DataError::Invalid {
             path: images_path.to_owned(),
@@ -317,7 +331,12 @@ fn check_split(images_path: &Path, images: &idx::Idx, labels_path: &Path, labels
             ),
         });
     }
-    if let Some((i, &l)) = labels.data.iter().enumerate().find(|(_, &l)| l as usize >= NUM_CLASSES) {
+    if let Some((i, &l)) = labels
+        .data
+        .iter()
+        .enumerate()
+        .find(|(_, &l)| l as usize >= NUM_CLASSES)
+    {
         return Err(DataError::Invalid {
             path: labels_path.to_owned(),
             reason: format!("label {l} at index {i} is not a class 0..{NUM_CLASSES}"),
@@ -375,7 +394,10 @@ pub(crate) mod tests {
         let labels = dir.path().join("t10k-labels-idx1-ubyte.gz");
         let mut parsed = idx::read(&labels, idx::LABELS_MAGIC).unwrap();
         parsed.data[0] = (parsed.data[0] + 1) % 10;
-        write_gz(&labels, &idx::encode(idx::LABELS_MAGIC, &parsed.dims, &parsed.data));
+        write_gz(
+            &labels,
+            &idx::encode(idx::LABELS_MAGIC, &parsed.dims, &parsed.data),
+        );
         let err = Mnist::load(&Source {
             dataset: Dataset::Mnist,
             dir: dir.path().to_owned(),
@@ -384,7 +406,10 @@ pub(crate) mod tests {
         .unwrap_err();
         assert!(matches!(err, DataError::Checksum { .. }), "{err}");
         let msg = err.to_string();
-        assert!(msg.contains("t10k-labels-idx1-ubyte.gz") && msg.contains("ff7bcfd4"), "{msg}");
+        assert!(
+            msg.contains("t10k-labels-idx1-ubyte.gz") && msg.contains("ff7bcfd4"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -402,7 +427,10 @@ pub(crate) mod tests {
         })
         .unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains("train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz"), "{msg}");
+        assert!(
+            msg.contains("train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz"),
+            "{msg}"
+        );
         assert!(!msg.contains("t10k-labels"), "{msg}");
         assert!(msg.contains(&dir.path().display().to_string()), "{msg}");
         assert!(msg.contains("--data-dir"), "{msg}");

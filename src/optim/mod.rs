@@ -129,7 +129,11 @@ impl<B: Backend> SimpleOptimizer<B> for TorchOptim {
             OptimizerKind::Sgd => {
                 // param.add_(grad, alpha=-lr)
                 let param = param.add(grad.mul_scalar(-lr));
-                let state = TorchOptimState { step, first: None, second: None };
+                let state = TorchOptimState {
+                    step,
+                    first: None,
+                    second: None,
+                };
                 (param, Some(state))
             }
             OptimizerKind::Adam => {

@@ -26,7 +26,11 @@ pub struct Tolerance {
     pub params: f64,
 }
 
-pub const CPU: Tolerance = Tolerance { outputs: 1e-5, grads: 1e-4, params: 1e-5 };
+pub const CPU: Tolerance = Tolerance {
+    outputs: 1e-5,
+    grads: 1e-4,
+    params: 1e-5,
+};
 
 pub fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
@@ -49,9 +53,21 @@ impl Fixture {
             .into_iter()
             .map(|(name, view)| {
                 let values = match view.dtype() {
-                    safetensors::Dtype::F32 => view.data().chunks(4).map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
-                    safetensors::Dtype::F64 => view.data().chunks(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect(),
-                    safetensors::Dtype::I64 => view.data().chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64).collect(),
+                    safetensors::Dtype::F32 => view
+                        .data()
+                        .chunks(4)
+                        .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64)
+                        .collect(),
+                    safetensors::Dtype::F64 => view
+                        .data()
+                        .chunks(8)
+                        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+                        .collect(),
+                    safetensors::Dtype::I64 => view
+                        .data()
+                        .chunks(8)
+                        .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f64)
+                        .collect(),
                     other => panic!("{name}: unexpected dtype {other:?}"),
                 };
                 (name, (view.shape().to_vec(), values))
@@ -61,7 +77,9 @@ impl Fixture {
     }
 
     pub fn get(&self, name: &str) -> &(Vec<usize>, Vec<f64>) {
-        self.tensors.get(name).unwrap_or_else(|| panic!("fixture has no tensor {name}"))
+        self.tensors
+            .get(name)
+            .unwrap_or_else(|| panic!("fixture has no tensor {name}"))
     }
 
     fn param_names(&self) -> Vec<String> {
@@ -85,7 +103,11 @@ fn hash_uniform(seed: u64, k: u64, n: usize, bound: f64) -> Vec<f32> {
 }
 
 /// `kind`'s model (dropout off) with the fixture's initial weights.
-fn initial_model<B: burn::tensor::backend::Backend>(kind: ModelKind, fixture: &Fixture, device: &B::Device) -> Model<B> {
+fn initial_model<B: burn::tensor::backend::Backend>(
+    kind: ModelKind,
+    fixture: &Fixture,
+    device: &B::Device,
+) -> Model<B> {
     let model = kind.init_without_dropout::<B>(device);
     let shapes: HashMap<String, Vec<usize>> = to_pytorch_tensors(&model)
         .into_iter()
@@ -111,7 +133,10 @@ fn initial_model<B: burn::tensor::backend::Backend>(kind: ModelKind, fixture: &F
 /// Max |a - b| / max |b|.
 fn relative_error(ours: &[f64], torch: &[f64]) -> f64 {
     let scale = torch.iter().fold(0f64, |m, v| m.max(v.abs())).max(1e-30);
-    ours.iter().zip(torch).fold(0f64, |m, (a, b)| m.max((a - b).abs())) / scale
+    ours.iter()
+        .zip(torch)
+        .fold(0f64, |m, (a, b)| m.max((a - b).abs()))
+        / scale
 }
 
 fn values(data: &TensorData) -> Vec<f64> {
@@ -134,7 +159,10 @@ pub fn compare(fixture: &Fixture, key: &str, ours: &TensorData, tol: f64) -> Res
         let sumsq_torch = fixture.get(&format!("{key}.sumsq")).1[0];
         let sumsq: f64 = ours_v.iter().map(|v| v * v).sum();
         let err = relative_error(&sampled, torch).max((sumsq - sumsq_torch).abs() / sumsq_torch / 2.0);
-        (err, format!(" ({} sampled elements and the sum of squares)", index.len()))
+        (
+            err,
+            format!(" ({} sampled elements and the sum of squares)", index.len()),
+        )
     };
     if std::env::var_os("EMBER_PARITY_VERBOSE").is_some() {
         eprintln!("{key:<22} relative error {err:.3e} (bound {tol:e}){what}");
@@ -147,16 +175,28 @@ pub fn compare(fixture: &Fixture, key: &str, ours: &TensorData, tol: f64) -> Res
 
 /// Replays `fixture_name` against a `kind` model on backend `B`; Err names the first tensor
 /// that diverges and by how much.
-pub fn check<B: AutodiffBackend>(fixture_name: &str, kind: ModelKind, tol: Tolerance, device: &B::Device) -> Result<(), String> {
+pub fn check<B: AutodiffBackend>(
+    fixture_name: &str,
+    kind: ModelKind,
+    tol: Tolerance,
+    device: &B::Device,
+) -> Result<(), String> {
     let fixture = Fixture::load(fixture_name);
     let (shape, images) = fixture.get("images");
     let x = Tensor::<B, 4>::from_data(
-        TensorData::new(images.iter().map(|&v| v as f32).collect::<Vec<_>>(), shape.clone()),
+        TensorData::new(
+            images.iter().map(|&v| v as f32).collect::<Vec<_>>(),
+            shape.clone(),
+        ),
         device,
     );
     let (_, labels) = fixture.get("labels");
     let y = Tensor::<B, 1, Int>::from_data(
-        TensorData::new(labels.iter().map(|&v| v as i64).collect::<Vec<_>>(), [labels.len()]).convert::<B::IntElem>(),
+        TensorData::new(
+            labels.iter().map(|&v| v as i64).collect::<Vec<_>>(),
+            [labels.len()],
+        )
+        .convert::<B::IntElem>(),
         device,
     );
     let mut model = initial_model::<B>(kind, &fixture, device);
@@ -171,7 +211,10 @@ pub fn check<B: AutodiffBackend>(fixture_name: &str, kind: ModelKind, tol: Toler
     }
 
     let config = kind.recipe().config();
-    assert_eq!(fixture.meta["optimizer"], format!("{:?}", config.optimizer.kind).to_lowercase());
+    assert_eq!(
+        fixture.meta["optimizer"],
+        format!("{:?}", config.optimizer.kind).to_lowercase()
+    );
     let mut optim = config.optimizer.init::<B, Model<B>>();
     for _ in 0..3 {
         let out = model.forward(x.clone());
@@ -186,14 +229,20 @@ pub fn check<B: AutodiffBackend>(fixture_name: &str, kind: ModelKind, tol: Toler
     let schedule = ember::config::Recipe::PytorchExample.config().schedule();
     let ours: Vec<f64> = (0..5).map(|e| schedule.lr(e)).collect();
     if ours != fixture.get("lr_schedule").1 {
-        return Err(format!("lr_schedule: {ours:?}, torch has {:?}", fixture.get("lr_schedule").1));
+        return Err(format!(
+            "lr_schedule: {ours:?}, torch has {:?}",
+            fixture.get("lr_schedule").1
+        ));
     }
     Ok(())
 }
 
 pub fn assert_parity<B: AutodiffBackend>(kind: ModelKind, tol: Tolerance, device: &B::Device) {
     if let Err(e) = check::<B>(kind.name(), kind, tol, device) {
-        panic!("{} diverges from PyTorch on {}: {e}", kind.name(), std::any::type_name::<B>());
+        panic!(
+            "{} diverges from PyTorch on {}: {e}",
+            kind.name(),
+            std::any::type_name::<B>()
+        );
     }
 }
-
