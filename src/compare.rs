@@ -61,29 +61,14 @@ pub fn run(opts: &CompareOptions) -> Result<PathBuf> {
     let mut records = Vec::new();
     for &scenario in &opts.scenarios {
         let json = tmp.join(format!("ember-{}.json", scenario.name()));
-        let s = &opts.settings;
         let mut cmd = Command::new(&exe);
         cmd.args(["bench", "--scenario", scenario.name(), "--device", &device_arg])
-            .args([
-                "--warmup",
-                &s.warmup_steps.to_string(),
-                "--steps",
-                &s.timed_steps.to_string(),
-            ])
-            .args([
-                "--repeats",
-                &s.repeats.to_string(),
-                "--eval-repeats",
-                &s.eval_repeats.to_string(),
-            ])
+            .args(measure_args(&opts.settings))
             .arg("--data-dir")
             .arg(&opts.data_dir)
             .arg("--offline")
             .arg("--json")
             .arg(&json);
-        if s.full_epoch {
-            cmd.arg("--full-epoch");
-        }
         records.push(run_child(&mut cmd, &json)?);
         for mode in pytorch_modes(gpu) {
             let json = tmp.join(format!("pytorch-{}-{mode}.json", scenario.name()));
@@ -98,25 +83,11 @@ pub fn run(opts: &CompareOptions) -> Result<PathBuf> {
                     &device_arg,
                 ])
                 .args(["--threads", &threads.to_string()])
-                .args([
-                    "--warmup",
-                    &s.warmup_steps.to_string(),
-                    "--steps",
-                    &s.timed_steps.to_string(),
-                ])
-                .args([
-                    "--repeats",
-                    &s.repeats.to_string(),
-                    "--eval-repeats",
-                    &s.eval_repeats.to_string(),
-                ])
+                .args(measure_args(&opts.settings))
                 .arg("--data-dir")
                 .arg(&opts.data_dir)
                 .arg("--json")
                 .arg(&json);
-            if s.full_epoch {
-                cmd.arg("--full-epoch");
-            }
             records.push(run_child(&mut cmd, &json)?);
         }
     }
@@ -140,6 +111,23 @@ pub fn run(opts: &CompareOptions) -> Result<PathBuf> {
     println!("\n{table}");
     println!("results: {}", out.display());
     Ok(out)
+}
+
+/// The measurement flags, spelled the same by `ember bench` and bench.py.
+fn measure_args(s: &Settings) -> Vec<String> {
+    let mut v: Vec<String> = [
+        ("--warmup", s.warmup_steps),
+        ("--steps", s.timed_steps),
+        ("--repeats", s.repeats),
+        ("--eval-repeats", s.eval_repeats),
+    ]
+    .iter()
+    .flat_map(|(flag, n)| [flag.to_string(), n.to_string()])
+    .collect();
+    if s.full_epoch {
+        v.push("--full-epoch".into());
+    }
+    v
 }
 
 fn tempfile_dir() -> Result<PathBuf> {
