@@ -27,6 +27,7 @@ fn parity_all_models_flex() {
 #[test]
 fn parity_all_models_cuda() {
     use ember::backend::{resolve, DeviceArg, Resolved};
+    use parity::Tolerance;
     match resolve(DeviceArg::Cuda(0)) {
         Ok(Resolved::Cuda { .. }) => {}
         other => {
