@@ -41,6 +41,15 @@ fn gzip(bytes: &[u8]) -> Vec<u8> {
     gz.finish().unwrap()
 }
 
+/// `ember train --epochs 1` on the data in `data_dir`, for tests that expect it to fail.
+fn train_on(data_dir: &Path) -> std::process::Output {
+    ember()
+        .args(["train", "--epochs", "1", "--data-dir"])
+        .arg(data_dir)
+        .output()
+        .unwrap()
+}
+
 /// Asserts a failed run printed exactly one line, `Error: ...` containing every `needle`.
 fn assert_one_line_error(output: &std::process::Output, needles: &[&str]) {
     assert!(!output.status.success());
@@ -122,11 +131,7 @@ fn missing_data_offline_says_what_to_put_where() {
 #[test]
 fn garbage_idx_file_is_a_one_line_error_naming_it() {
     let dir = mnist_with("train-labels-idx1-ubyte.gz", b"<html>404 not found</html>");
-    let out = ember()
-        .args(["train", "--epochs", "1", "--data-dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = train_on(dir.path());
     assert_one_line_error(&out, &["train-labels-idx1-ubyte.gz", "gzip"]);
 }
 
@@ -139,11 +144,7 @@ fn truncated_idx_file_is_a_one_line_error_naming_it() {
     let mut raw = Vec::new();
     std::io::Read::read_to_end(&mut { full }, &mut raw).unwrap();
     let dir = mnist_with("t10k-labels-idx1-ubyte.gz", &gzip(&raw[..5000]));
-    let out = ember()
-        .args(["train", "--epochs", "1", "--data-dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = train_on(dir.path());
     assert_one_line_error(
         &out,
         &[
@@ -156,11 +157,7 @@ fn truncated_idx_file_is_a_one_line_error_naming_it() {
 
     // An image file whose header is all that is left.
     let dir = mnist_with("t10k-images-idx3-ubyte.gz", &gzip(&[0, 0, 8, 3, 0, 0]));
-    let out = ember()
-        .args(["train", "--epochs", "1", "--data-dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = train_on(dir.path());
     assert_one_line_error(&out, &["t10k-images-idx3-ubyte.gz", "header"]);
 }
 
@@ -168,11 +165,7 @@ fn truncated_idx_file_is_a_one_line_error_naming_it() {
 fn labels_in_place_of_images_are_named() {
     let labels = std::fs::read(shared_mnist().join("t10k-labels-idx1-ubyte.gz")).unwrap();
     let dir = mnist_with("t10k-images-idx3-ubyte.gz", &labels);
-    let out = ember()
-        .args(["train", "--epochs", "1", "--data-dir"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
+    let out = train_on(dir.path());
     assert_one_line_error(
         &out,
         &["t10k-images-idx3-ubyte.gz", "magic number 2049", "expected 2051"],
