@@ -284,7 +284,7 @@ pub fn run<B: AutodiffBackend>(
     let steps_per_epoch = splits.train.len().div_ceil(batch);
     let (epoch_seconds, epoch_measured) = if settings.full_epoch {
         let (trained, end) =
-            train::train_whole_epoch(model, &mut optim, &splits.train, &config, 1, config.lr);
+            train::train_whole_epoch(model, &mut optim, &splits.train, &config, 0, config.lr);
         model = trained;
         match end {
             train::EpochEnd::Done(stats) => (stats.seconds, true),

@@ -272,6 +272,8 @@ pub fn train_epoch<B: AutodiffBackend>(
 }
 
 /// One whole epoch without progress reporting or stopping: [`train_epoch`] from its first step.
+/// `epoch` counts from 0, as in [`train_epoch`]: epoch 0 is a run's first epoch, with its
+/// shuffle and dropout seeds.
 pub fn train_whole_epoch<B: AutodiffBackend>(
     model: Model<B>,
     optim: &mut Optimizer<Model<B>, B>,
