@@ -12,7 +12,7 @@ use ember::data::{Dataset, Mnist, Source};
 use ember::train::{evaluate, evaluate_trained, init_model, train_whole_epoch, EpochEnd, Splits};
 
 #[test]
-fn one_epoch_on_20k_images_reaches_97_percent_and_reloads_identically() {
+fn one_epoch_reaches_98_percent_and_reloads_identically() {
     let data = Mnist::load(&Source {
         dataset: Dataset::Mnist,
         dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mnist"),
@@ -21,10 +21,12 @@ fn one_epoch_on_20k_images_reaches_97_percent_and_reloads_identically() {
     .unwrap();
     let mut config = Recipe::PytorchExample.config();
     config.epochs = 1;
-    config.limit_train = Some(20_000);
+    // The whole training set: one epoch of the recipe must reach 98% (issue 9's bar). On 20k
+    // images the recipe's 97% bar sat inside its seed-to-seed spread (96.8-97.5% for burn's
+    // stock ops and ember's kernels alike), so rounding alone could cross it.
     let device = Default::default();
     let splits = Splits::<Cpu>::upload(&data, &config, &device).unwrap();
-    assert_eq!((splits.train.len(), splits.test.len()), (20_000, 10_000));
+    assert_eq!((splits.train.len(), splits.test.len()), (60_000, 10_000));
 
     let model = init_model::<Autodiff<Cpu>>(&config, &device);
     let mut optim = config.optimizer.init();
@@ -32,10 +34,10 @@ fn one_epoch_on_20k_images_reaches_97_percent_and_reloads_identically() {
     let EpochEnd::Done(stats) = end else {
         panic!("epoch ended with {end:?}")
     };
-    assert_eq!(stats.steps, 313);
+    assert_eq!(stats.steps, 938);
     let test = evaluate_trained(&model, &splits.test, config.test_batch_size);
     eprintln!(
-        "20k images, 1 epoch: train loss {:.4}, test loss {:.4}, accuracy {:.2}%, {:.1} s ({:.0} img/s)",
+        "60k images, 1 epoch: train loss {:.4}, test loss {:.4}, accuracy {:.2}%, {:.1} s ({:.0} img/s)",
         stats.loss,
         test.loss,
         100.0 * test.accuracy(),
@@ -44,11 +46,11 @@ fn one_epoch_on_20k_images_reaches_97_percent_and_reloads_identically() {
     );
     assert_eq!(test.total, 10_000);
     assert!(
-        test.accuracy() >= 0.97,
-        "test accuracy {:.2}% < 97%",
+        test.accuracy() >= 0.98,
+        "test accuracy {:.2}% < 98%",
         100.0 * test.accuracy()
     );
-    assert!(test.loss < 0.12, "test loss {}", test.loss);
+    assert!(test.loss < 0.07, "test loss {}", test.loss);
 
     let dir = tempfile::tempdir().unwrap();
     let run = RunDir::create(dir.path().join("run")).unwrap();

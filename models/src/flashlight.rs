@@ -6,6 +6,8 @@ use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig, Relu};
 use burn::tensor::ops::PadMode;
 use burn::tensor::{backend::Backend, Tensor};
 
+use ember_kernels::nn;
+
 use crate::{Classifier, Output};
 
 /// Pads height and width by `pad` on every side by repeating the border pixels, like PyTorch's
@@ -42,7 +44,7 @@ pub struct FlashlightCnnConfig {
 impl FlashlightCnnConfig {
     pub fn init<B: Backend>(&self, device: &B::Device) -> FlashlightCnn<B> {
         FlashlightCnn {
-            // Valid convolutions on replicate-padded input: see `pad_replicate`.
+            // Valid convolutions; `forward` pads their input by replicating the border.
             conv1: Conv2dConfig::new([1, 32], [5, 5]).init(device),
             conv2: Conv2dConfig::new([32, 64], [5, 5]).init(device),
             pool: MaxPool2dConfig::new([2, 2]).init(),
@@ -59,10 +61,11 @@ impl<B: Backend> Classifier<B> for FlashlightCnn<B> {
     /// - `images`: `[batch, 1, 28, 28]`
     /// - output: `[batch, num_classes]`, logits
     fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
-        let x = self.conv1.forward(pad_replicate(images, 2)); // [batch, 32, 28, 28]
-        let x = self.pool.forward(self.activation.forward(x)); // [batch, 32, 14, 14]
-        let x = self.conv2.forward(pad_replicate(x, 2)); // [batch, 64, 14, 14]
-        let x = self.pool.forward(self.activation.forward(x)); // [batch, 64, 7, 7]
+        // Replicate padding is folded into the convolution: no padded copy of the input.
+        let x = nn::conv2d_replicate(&self.conv1, images, 2); // [batch, 32, 28, 28]
+        let x = nn::max_pool2d(&self.pool, self.activation.forward(x)); // [batch, 32, 14, 14]
+        let x = nn::conv2d_replicate(&self.conv2, x, 2); // [batch, 64, 14, 14]
+        let x = nn::max_pool2d(&self.pool, self.activation.forward(x)); // [batch, 64, 7, 7]
         let x = x.flatten::<2>(1, 3); // [batch, 3136]
         let x = self.activation.forward(self.fc1.forward(x)); // [batch, 1024]
         let x = self.dropout.forward(x);

@@ -6,6 +6,8 @@ use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig, Relu};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::{backend::Backend, Tensor};
 
+use ember_kernels::nn;
+
 use crate::{ChannelDropout, Classifier, Output};
 
 /// The CNN of PyTorch's official MNIST example (`pytorch/examples`, `mnist/main.py`), as the seed
@@ -54,9 +56,9 @@ impl<B: Backend> Classifier<B> for PytorchExampleNet<B> {
     /// - `images`: `[batch, 1, 28, 28]`
     /// - output: `[batch, num_classes]`, log-probabilities
     fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
-        let x = self.activation.forward(self.conv1.forward(images)); // [batch, 32, 26, 26]
-        let x = self.activation.forward(self.conv2.forward(x)); // [batch, 64, 24, 24]
-        let x = self.pool.forward(x); // [batch, 64, 12, 12]
+        let x = self.activation.forward(nn::conv2d(&self.conv1, images)); // [batch, 32, 26, 26]
+        let x = self.activation.forward(nn::conv2d(&self.conv2, x)); // [batch, 64, 24, 24]
+        let x = nn::max_pool2d(&self.pool, x); // [batch, 64, 12, 12]
         let x = self.dropout1.forward(x);
         let x = x.flatten::<2>(1, 3); // [batch, 9216]
         let x = self.activation.forward(self.fc1.forward(x)); // [batch, 128]

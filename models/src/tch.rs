@@ -5,6 +5,8 @@ use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Dropout, DropoutConfig, Linear, LinearConfig, Relu};
 use burn::tensor::{backend::Backend, Tensor};
 
+use ember_kernels::nn;
+
 use crate::{Classifier, Output};
 
 /// The tch-rs variant of the PyTorch example from the seed write-up: no ReLU after `conv2`,
@@ -51,9 +53,9 @@ impl<B: Backend> Classifier<B> for TchNet<B> {
     /// - `images`: `[batch, 1, 28, 28]`
     /// - output: `[batch, num_classes]`, logits
     fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
-        let x = self.activation.forward(self.conv1.forward(images)); // [batch, 32, 26, 26]
-        let x = self.conv2.forward(x); // [batch, 64, 24, 24]
-        let x = self.pool.forward(x); // [batch, 64, 12, 12]
+        let x = self.activation.forward(nn::conv2d(&self.conv1, images)); // [batch, 32, 26, 26]
+        let x = nn::conv2d(&self.conv2, x); // [batch, 64, 24, 24]
+        let x = nn::max_pool2d(&self.pool, x); // [batch, 64, 12, 12]
         let x = self.dropout1.forward(x);
         let x = x.flatten::<2>(1, 3); // [batch, 9216]
         let x = self.activation.forward(self.fc1.forward(x)); // [batch, 128]

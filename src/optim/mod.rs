@@ -16,6 +16,7 @@ use burn::record::Record;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 use clap::ValueEnum;
+use ember_kernels::optim::Rule;
 use serde::{Deserialize, Serialize};
 
 /// The update rules ember implements.
@@ -111,12 +112,35 @@ impl<B: Backend> SimpleOptimizer<B> for TorchOptim {
         mut grad: Tensor<B, D>,
         state: Option<Self::State<D>>,
     ) -> (Tensor<B, D>, Option<Self::State<D>>) {
+        let step = state.as_ref().map_or(0, |s| s.step) + 1;
+        if ember_kernels::optim::supports(&param) {
+            // One in-place pass per parameter with the same f32 operations in the same order as
+            // the tensor ops below: bit-identical results, one read and write of each buffer.
+            let rule = match self.kind {
+                OptimizerKind::Sgd => Rule::Sgd { lr },
+                OptimizerKind::Adam => Rule::Adam {
+                    lr,
+                    betas: self.betas,
+                    eps: self.eps,
+                    step,
+                },
+                OptimizerKind::Adadelta => Rule::Adadelta {
+                    lr,
+                    rho: self.rho,
+                    eps: self.eps,
+                },
+            };
+            let buffers = state.and_then(|s| s.first.zip(s.second));
+            let (param, buffers) =
+                ember_kernels::optim::update(rule, self.weight_decay, param, grad, buffers);
+            let (first, second) = buffers.unzip();
+            return (param, Some(TorchOptimState { step, first, second }));
+        }
         if self.weight_decay != 0.0 {
             grad = grad.add(param.clone().mul_scalar(self.weight_decay));
         }
         // torch.optim creates its buffers as zeros on the first step.
         let zeros = || param.zeros_like();
-        let step = state.as_ref().map_or(0, |s| s.step) + 1;
         let (first, second) = match state {
             Some(TorchOptimState {
                 first: Some(f),

@@ -132,3 +132,59 @@ fn step_lr_matches_torch_bit_for_bit() {
     let ours: Vec<f64> = (0..10).map(|e| every3.lr(e)).collect();
     assert_eq!(ours, reference::STEP_LR_3);
 }
+
+/// On flex the update runs as one fused in-place pass (ember-kernels); it must give exactly the
+/// bits of the tensor-op version, which runs on ndarray, for every rule, with weight decay, over
+/// several steps and values that exercise rounding (70,001 elements: several parallel chunks).
+#[cfg(feature = "flex")]
+#[test]
+fn fused_update_is_bit_identical_to_the_tensor_ops() {
+    use burn::backend::Flex;
+    use burn::tensor::backend::Backend;
+
+    fn values(n: usize, salt: u32) -> Vec<f32> {
+        (0..n as u32)
+            .map(|i| {
+                let h = (i ^ salt).wrapping_mul(2_654_435_761).rotate_left(13);
+                (h as f32 / u32::MAX as f32 - 0.5) * 3.0
+            })
+            .collect()
+    }
+    fn run<B: Backend>(optim: &TorchOptim, lr: f64) -> Vec<Vec<f32>> {
+        let n = 70_001;
+        let device = Default::default();
+        let t = |v: Vec<f32>| Tensor::<B, 1>::from_data(TensorData::new(v, [n]), &device);
+        let mut param = t(values(n, 1));
+        let mut state: Option<TorchOptimState<B, 1>> = None;
+        let mut seen = Vec::new();
+        for step in 0..4u32 {
+            let (p, s) = SimpleOptimizer::<B>::step(optim, lr, param, t(values(n, 100 + step)), state);
+            param = p;
+            let s = s.unwrap();
+            seen.push(param.clone().into_data().to_vec().unwrap());
+            for buffer in [&s.first, &s.second].into_iter().flatten() {
+                seen.push(buffer.clone().into_data().to_vec().unwrap());
+            }
+            state = Some(s);
+        }
+        seen
+    }
+    assert!(ember_kernels::optim::supports(&Tensor::<Flex, 1>::zeros(
+        [1],
+        &Default::default()
+    )));
+    for kind in [OptimizerKind::Sgd, OptimizerKind::Adam, OptimizerKind::Adadelta] {
+        for weight_decay in [0.0, 0.01] {
+            let optim = with_decay(kind, weight_decay).build();
+            let (fused, ops) = (run::<Flex>(&optim, 0.7), run::<TB>(&optim, 0.7));
+            assert_eq!(fused.len(), ops.len());
+            for (i, (f, o)) in fused.iter().zip(&ops).enumerate() {
+                let bits = |v: &Vec<f32>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert!(
+                    bits(f) == bits(o),
+                    "{kind:?} wd {weight_decay}: buffer {i} differs"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,501 @@
+//! 2-D convolution on contiguous NCHW `f32` buffers: im2col + one GEMM per image.
+//!
+//! Every image is computed by one thread with a single-threaded GEMM, so an image's result does
+//! not depend on how many threads run; the weight and bias gradients sum over images in groups
+//! whose boundaries depend only on the shapes, then add the group sums in group order. The
+//! whole computation is therefore bit-identical for any thread count.
+//!
+//! Replicate padding (PyTorch's `padding_mode="replicate"`) is folded into im2col by clamping
+//! coordinates, and its backward adds the border's gradient onto the edge pixels, so no padded
+//! copy of the input is ever made.
+
+use rayon::prelude::*;
+
+use super::scratch::with_scratch;
+use super::{gemm, Gemm};
+
+/// How a convolution reads outside its input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PadMode {
+    /// Zeros outside the image (burn's and PyTorch's default).
+    Zeros,
+    /// The nearest border pixel (PyTorch's `padding_mode="replicate"`).
+    Replicate,
+}
+
+/// The shapes of one convolution: input `[batch, in_channels, in_h, in_w]`, weight
+/// `[out_channels, in_channels, kernel[0], kernel[1]]`, output `[batch, out_channels, out_h,
+/// out_w]`. Dilation 1, one group.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConvShape {
+    pub batch: usize,
+    pub in_channels: usize,
+    pub in_h: usize,
+    pub in_w: usize,
+    pub out_channels: usize,
+    pub kernel: [usize; 2],
+    pub stride: [usize; 2],
+    /// Symmetric padding: the same number of pixels before and after, per dimension.
+    pub padding: [usize; 2],
+    pub mode: PadMode,
+}
+
+impl ConvShape {
+    /// Whether the kernels accept these shapes: non-empty, a kernel that fits the padded
+    /// input, a non-zero stride, and an input to replicate from when padding replicates.
+    pub fn is_valid(&self) -> bool {
+        let fits = |i: usize| {
+            self.kernel[i] >= 1
+                && self.stride[i] >= 1
+                && self.in_h_w(i) + 2 * self.padding[i] >= self.kernel[i]
+        };
+        self.in_channels > 0 && self.out_channels > 0 && self.in_h > 0 && self.in_w > 0 && fits(0) && fits(1)
+    }
+
+    fn in_h_w(&self, i: usize) -> usize {
+        if i == 0 {
+            self.in_h
+        } else {
+            self.in_w
+        }
+    }
+
+    pub fn out_h(&self) -> usize {
+        (self.in_h + 2 * self.padding[0] - self.kernel[0]) / self.stride[0] + 1
+    }
+
+    pub fn out_w(&self) -> usize {
+        (self.in_w + 2 * self.padding[1] - self.kernel[1]) / self.stride[1] + 1
+    }
+
+    /// Elements of one input image.
+    pub fn in_image(&self) -> usize {
+        self.in_channels * self.in_h * self.in_w
+    }
+
+    /// Elements of one output image.
+    pub fn out_image(&self) -> usize {
+        self.out_channels * self.out_h() * self.out_w()
+    }
+
+    /// Rows of the im2col matrix (= columns of the weight matrix): `in_channels * kh * kw`.
+    pub fn patch(&self) -> usize {
+        self.in_channels * self.kernel[0] * self.kernel[1]
+    }
+
+    /// Output pixels per channel.
+    pub fn pixels(&self) -> usize {
+        self.out_h() * self.out_w()
+    }
+
+    pub fn weight_len(&self) -> usize {
+        self.out_channels * self.patch()
+    }
+
+    /// A 1x1 convolution with stride 1 and no padding: the image itself is the im2col matrix.
+    fn is_pointwise(&self) -> bool {
+        self.kernel == [1, 1] && self.stride == [1, 1] && self.padding == [0, 0]
+    }
+
+    /// Multiply-accumulates of the forward pass.
+    pub fn forward_macs(&self) -> usize {
+        self.batch * self.out_channels * self.pixels() * self.patch()
+    }
+}
+
+/// The output columns `[lo, hi)` of one kernel offset whose input column lies inside the
+/// image; columns before `lo` read left of it, from `hi` on right of it.
+fn inside(out: usize, size: usize, stride: usize, offset: usize, pad: usize) -> (usize, usize) {
+    // Input coordinate of output o: o * stride + offset - pad.
+    let first = pad.saturating_sub(offset).div_ceil(stride).min(out);
+    let end = (size + pad)
+        .saturating_sub(offset)
+        .div_ceil(stride)
+        .clamp(first, out);
+    (first, end)
+}
+
+/// The input row read by output row `oh` at kernel row `kh`, or `None` in zero padding.
+fn input_row(s: &ConvShape, oh: usize, kh: usize) -> Option<usize> {
+    let ih = (oh * s.stride[0] + kh) as isize - s.padding[0] as isize;
+    match s.mode {
+        PadMode::Zeros => (0..s.in_h as isize).contains(&ih).then_some(ih as usize),
+        PadMode::Replicate => Some(ih.clamp(0, s.in_h as isize - 1) as usize),
+    }
+}
+
+/// Unfolds one image `[in_channels, in_h, in_w]` into `col`, `[patch, pixels]`.
+fn im2col(s: &ConvShape, x: &[f32], col: &mut [f32]) {
+    let (oh_n, ow_n, [kh_n, kw_n], sw) = (s.out_h(), s.out_w(), s.kernel, s.stride[1]);
+    let pixels = oh_n * ow_n;
+    let mut rows = col.chunks_exact_mut(pixels);
+    for c in 0..s.in_channels {
+        let plane = &x[c * s.in_h * s.in_w..][..s.in_h * s.in_w];
+        for kh in 0..kh_n {
+            for kw in 0..kw_n {
+                let row = rows.next().expect("col holds patch rows");
+                let (lo, hi) = inside(ow_n, s.in_w, sw, kw, s.padding[1]);
+                for (oh, dst) in row.chunks_exact_mut(ow_n).enumerate() {
+                    let Some(ih) = input_row(s, oh, kh) else {
+                        dst.fill(0.0);
+                        continue;
+                    };
+                    let src = &plane[ih * s.in_w..][..s.in_w];
+                    let (left, right) = match s.mode {
+                        PadMode::Zeros => (0.0, 0.0),
+                        PadMode::Replicate => (src[0], src[s.in_w - 1]),
+                    };
+                    dst[..lo].fill(left);
+                    dst[hi..].fill(right);
+                    if lo < hi {
+                        let start = lo * sw + kw - s.padding[1];
+                        if sw == 1 {
+                            dst[lo..hi].copy_from_slice(&src[start..start + hi - lo]);
+                        } else {
+                            for (d, &v) in dst[lo..hi].iter_mut().zip(src[start..].iter().step_by(sw)) {
+                                *d = v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Adds `col`, `[patch, pixels]`, back onto the image it was unfolded from (`dx` is not
+/// cleared): the adjoint of [`im2col`].
+fn col2im(s: &ConvShape, col: &[f32], dx: &mut [f32]) {
+    let (oh_n, ow_n, [kh_n, kw_n], sw) = (s.out_h(), s.out_w(), s.kernel, s.stride[1]);
+    let pixels = oh_n * ow_n;
+    let mut rows = col.chunks_exact(pixels);
+    for c in 0..s.in_channels {
+        let plane = &mut dx[c * s.in_h * s.in_w..][..s.in_h * s.in_w];
+        for kh in 0..kh_n {
+            for kw in 0..kw_n {
+                let row = rows.next().expect("col holds patch rows");
+                let (lo, hi) = inside(ow_n, s.in_w, sw, kw, s.padding[1]);
+                for (oh, src) in row.chunks_exact(ow_n).enumerate() {
+                    let Some(ih) = input_row(s, oh, kh) else {
+                        continue;
+                    };
+                    let dst = &mut plane[ih * s.in_w..][..s.in_w];
+                    if s.mode == PadMode::Replicate {
+                        dst[0] += src[..lo].iter().sum::<f32>();
+                        dst[s.in_w - 1] += src[hi..].iter().sum::<f32>();
+                    }
+                    if lo < hi {
+                        let start = lo * sw + kw - s.padding[1];
+                        if sw == 1 {
+                            for (d, &v) in dst[start..start + hi - lo].iter_mut().zip(&src[lo..hi]) {
+                                *d += v;
+                            }
+                        } else {
+                            for (d, &v) in dst[start..].iter_mut().step_by(sw).zip(&src[lo..hi]) {
+                                *d += v;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `out = conv(x, weight) + bias`.
+///
+/// # Shapes
+/// - `x`: `[batch, in_channels, in_h, in_w]`
+/// - `weight`: `[out_channels, in_channels, kh, kw]`
+/// - `bias`: `[out_channels]`
+/// - `out`: `[batch, out_channels, out_h, out_w]`, overwritten
+pub fn conv2d_forward(s: &ConvShape, x: &[f32], weight: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
+    assert!(s.is_valid(), "conv2d: invalid shapes {s:?}");
+    assert_eq!(x.len(), s.batch * s.in_image(), "conv2d: input length");
+    assert_eq!(weight.len(), s.weight_len(), "conv2d: weight length");
+    assert_eq!(out.len(), s.batch * s.out_image(), "conv2d: output length");
+    let (patch, pixels) = (s.patch(), s.pixels());
+    let image = |(x, out): (&[f32], &mut [f32])| {
+        if let Some(bias) = bias {
+            for (row, &b) in out.chunks_exact_mut(pixels).zip(bias) {
+                row.fill(b);
+            }
+        }
+        let product = |col: &[f32], out: &mut [f32]| {
+            gemm(Gemm {
+                m: s.out_channels,
+                n: pixels,
+                k: patch,
+                dst: out,
+                dst_rs: pixels,
+                accumulate: bias.is_some(),
+                lhs: weight,
+                lhs_rs: patch,
+                lhs_cs: 1,
+                rhs: col,
+                rhs_rs: pixels,
+                rhs_cs: 1,
+            })
+        };
+        if s.is_pointwise() {
+            product(x, out);
+        } else {
+            with_scratch(0, patch * pixels, |col| {
+                im2col(s, x, col);
+                product(col, out);
+            });
+        }
+    };
+    x.par_chunks(s.in_image())
+        .zip(out.par_chunks_mut(s.out_image()))
+        .for_each(image);
+}
+
+/// Images per group in the weight and bias gradients: a function of the shapes only, never of
+/// the thread count. Up to 16 groups, fewer when the per-group partial sums would pass 64 MiB.
+fn images_per_group(s: &ConvShape) -> usize {
+    let budget = (64 << 20) / (4 * (s.weight_len() + s.out_channels));
+    let groups = s.batch.min(16).min(budget.max(1));
+    s.batch.div_ceil(groups)
+}
+
+/// Gradients of [`conv2d_forward`] with respect to the input, the weight and the bias, each
+/// computed only when its buffer is given (all are overwritten).
+///
+/// # Shapes
+/// - `x`: `[batch, in_channels, in_h, in_w]`, `weight`: `[out_channels, in_channels, kh, kw]`
+/// - `dy`: `[batch, out_channels, out_h, out_w]`
+/// - `dx`: like `x`, `dweight`: like `weight`, `dbias`: `[out_channels]`
+pub fn conv2d_backward(
+    s: &ConvShape,
+    x: &[f32],
+    weight: &[f32],
+    dy: &[f32],
+    dx: Option<&mut [f32]>,
+    dweight: Option<&mut [f32]>,
+    dbias: Option<&mut [f32]>,
+) {
+    assert!(s.is_valid(), "conv2d backward: invalid shapes {s:?}");
+    assert_eq!(x.len(), s.batch * s.in_image(), "conv2d backward: input length");
+    assert_eq!(weight.len(), s.weight_len(), "conv2d backward: weight length");
+    assert_eq!(
+        dy.len(),
+        s.batch * s.out_image(),
+        "conv2d backward: output gradient length"
+    );
+    let (patch, pixels, o) = (s.patch(), s.pixels(), s.out_channels);
+    let (want_w, want_b) = (dweight.is_some(), dbias.is_some());
+    let per = images_per_group(s);
+    let mut dx_groups: Vec<Option<&mut [f32]>> = match dx {
+        Some(dx) => {
+            assert_eq!(dx.len(), x.len(), "conv2d backward: input gradient length");
+            dx.chunks_mut(per * s.in_image()).map(Some).collect()
+        }
+        None => (0..s.batch.div_ceil(per)).map(|_| None).collect(),
+    };
+
+    // Per group: the sums of the weight and bias gradients over its images, in image order.
+    let partials: Vec<(Vec<f32>, Vec<f64>)> = dx_groups
+        .par_iter_mut()
+        .enumerate()
+        .map(|(g, dx)| {
+            let first = g * per;
+            let images = per.min(s.batch - first);
+            let mut gw = if want_w {
+                vec![0.0f32; o * patch]
+            } else {
+                Vec::new()
+            };
+            let mut gb = if want_b { vec![0.0f64; o] } else { Vec::new() };
+            for i in 0..images {
+                let n = first + i;
+                let x_n = &x[n * s.in_image()..][..s.in_image()];
+                let dy_n = &dy[n * s.out_image()..][..s.out_image()];
+                if want_b {
+                    for (b, row) in gb.iter_mut().zip(dy_n.chunks_exact(pixels)) {
+                        *b += row.iter().map(|&v| v as f64).sum::<f64>();
+                    }
+                }
+                if want_w {
+                    // gw[o, patch] += dy_n[o, pixels] . col[patch, pixels]^T
+                    let weight_grad = |col: &[f32], gw: &mut [f32]| {
+                        gemm(Gemm {
+                            m: o,
+                            n: patch,
+                            k: pixels,
+                            dst: gw,
+                            dst_rs: patch,
+                            accumulate: i > 0,
+                            lhs: dy_n,
+                            lhs_rs: pixels,
+                            lhs_cs: 1,
+                            rhs: col,
+                            rhs_rs: 1,
+                            rhs_cs: pixels,
+                        })
+                    };
+                    if s.is_pointwise() {
+                        weight_grad(x_n, &mut gw);
+                    } else {
+                        with_scratch(0, patch * pixels, |col| {
+                            im2col(s, x_n, col);
+                            weight_grad(col, &mut gw);
+                        });
+                    }
+                }
+                if let Some(dx) = dx.as_deref_mut() {
+                    let dx_n = &mut dx[i * s.in_image()..][..s.in_image()];
+                    // dcol[patch, pixels] = weight[o, patch]^T . dy_n[o, pixels]
+                    let input_grad = |dcol: &mut [f32]| {
+                        gemm(Gemm {
+                            m: patch,
+                            n: pixels,
+                            k: o,
+                            dst: dcol,
+                            dst_rs: pixels,
+                            accumulate: false,
+                            lhs: weight,
+                            lhs_rs: 1,
+                            lhs_cs: patch,
+                            rhs: dy_n,
+                            rhs_rs: pixels,
+                            rhs_cs: 1,
+                        })
+                    };
+                    if s.is_pointwise() {
+                        input_grad(dx_n);
+                    } else {
+                        with_scratch(1, patch * pixels, |dcol| {
+                            input_grad(dcol);
+                            dx_n.fill(0.0);
+                            col2im(s, dcol, dx_n);
+                        });
+                    }
+                }
+            }
+            (gw, gb)
+        })
+        .collect();
+
+    if let Some(dw) = dweight {
+        assert_eq!(
+            dw.len(),
+            s.weight_len(),
+            "conv2d backward: weight gradient length"
+        );
+        dw.fill(0.0);
+        for (gw, _) in &partials {
+            for (d, &v) in dw.iter_mut().zip(gw) {
+                *d += v;
+            }
+        }
+    }
+    if let Some(db) = dbias {
+        assert_eq!(db.len(), o, "conv2d backward: bias gradient length");
+        let mut sum = vec![0.0f64; o];
+        for (_, gb) in &partials {
+            for (d, &v) in sum.iter_mut().zip(gb) {
+                *d += v;
+            }
+        }
+        for (d, v) in db.iter_mut().zip(sum) {
+            *d = v as f32;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Direct convolution in f64: the definition, for checking the kernels.
+    fn reference(s: &ConvShape, x: &[f32], w: &[f32], b: &[f32]) -> Vec<f64> {
+        let (oh_n, ow_n) = (s.out_h(), s.out_w());
+        let mut out = vec![0.0; s.batch * s.out_image()];
+        let at = |v: usize, pad: usize, size: usize| -> Option<usize> {
+            let i = v as isize - pad as isize;
+            match s.mode {
+                PadMode::Zeros => (0..size as isize).contains(&i).then_some(i as usize),
+                PadMode::Replicate => Some(i.clamp(0, size as isize - 1) as usize),
+            }
+        };
+        for n in 0..s.batch {
+            for o in 0..s.out_channels {
+                for oh in 0..oh_n {
+                    for ow in 0..ow_n {
+                        let mut acc = b[o] as f64;
+                        for c in 0..s.in_channels {
+                            for kh in 0..s.kernel[0] {
+                                for kw in 0..s.kernel[1] {
+                                    let ih = at(oh * s.stride[0] + kh, s.padding[0], s.in_h);
+                                    let iw = at(ow * s.stride[1] + kw, s.padding[1], s.in_w);
+                                    if let (Some(ih), Some(iw)) = (ih, iw) {
+                                        let xv = x[((n * s.in_channels + c) * s.in_h + ih) * s.in_w + iw];
+                                        let wv = w
+                                            [((o * s.in_channels + c) * s.kernel[0] + kh) * s.kernel[1] + kw];
+                                        acc += xv as f64 * wv as f64;
+                                    }
+                                }
+                            }
+                        }
+                        out[((n * s.out_channels + o) * oh_n + oh) * ow_n + ow] = acc;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn forward_matches_the_definition_with_replicate_padding_and_stride() {
+        let s = ConvShape {
+            batch: 2,
+            in_channels: 3,
+            in_h: 7,
+            in_w: 6,
+            out_channels: 4,
+            kernel: [3, 2],
+            stride: [2, 1],
+            padding: [2, 1],
+            mode: PadMode::Replicate,
+        };
+        let x: Vec<f32> = (0..s.batch * s.in_image())
+            .map(|i| ((i * 7919) % 23) as f32 - 11.0)
+            .collect();
+        let w: Vec<f32> = (0..s.weight_len())
+            .map(|i| ((i * 104729) % 17) as f32 * 0.1 - 0.8)
+            .collect();
+        let b = [0.5f32, -1.0, 0.25, 2.0];
+        let mut out = vec![f32::NAN; s.batch * s.out_image()];
+        conv2d_forward(&s, &x, &w, Some(&b), &mut out);
+        for (got, want) in out.iter().zip(reference(&s, &x, &w, &b)) {
+            assert!(
+                (*got as f64 - want).abs() <= 1e-4 * want.abs().max(1.0),
+                "{got} vs {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn inside_range_covers_exactly_the_in_image_columns() {
+        for size in 1..6 {
+            for stride in 1..4 {
+                for pad in 0..3 {
+                    for offset in 0..(size + 2 * pad).min(5) {
+                        let out = (size + 2 * pad - offset - 1) / stride + 1;
+                        let (lo, hi) = inside(out, size, stride, offset, pad);
+                        for o in 0..out {
+                            let i = (o * stride + offset) as isize - pad as isize;
+                            let ok = (0..size as isize).contains(&i);
+                            assert_eq!(
+                                ok,
+                                (lo..hi).contains(&o),
+                                "size {size} stride {stride} pad {pad} offset {offset} o {o}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! The kernels themselves, on plain contiguous `f32` slices: no burn types, so each can be
+//! tested and benchmarked alone.
+
+pub mod conv;
+pub mod optim;
+pub mod pool;
+
+/// One single-threaded GEMM on row-major slices: `dst[m, n] (+)= lhs[m, k] . rhs[k, n]`, each
+/// operand addressed through its row and column strides (a transpose is a swap of strides).
+pub(crate) struct Gemm<'a> {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub dst: &'a mut [f32],
+    pub dst_rs: usize,
+    /// Add onto `dst` instead of overwriting it.
+    pub accumulate: bool,
+    pub lhs: &'a [f32],
+    pub lhs_rs: usize,
+    pub lhs_cs: usize,
+    pub rhs: &'a [f32],
+    pub rhs_rs: usize,
+    pub rhs_cs: usize,
+}
+
+/// The last element `rows x cols` addressed with strides `rs`, `cs` touches, plus one.
+fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * rs + (cols - 1) * cs + 1
+    }
+}
+
+pub(crate) fn gemm(g: Gemm<'_>) {
+    assert!(
+        extent(g.m, g.n, g.dst_rs, 1) <= g.dst.len(),
+        "gemm: dst too short"
+    );
+    assert!(
+        extent(g.m, g.k, g.lhs_rs, g.lhs_cs) <= g.lhs.len(),
+        "gemm: lhs too short"
+    );
+    assert!(
+        extent(g.k, g.n, g.rhs_rs, g.rhs_cs) <= g.rhs.len(),
+        "gemm: rhs too short"
+    );
+    if g.m == 0 || g.n == 0 {
+        return;
+    }
+    // SAFETY: the asserts above keep every address the strides reach inside its slice, and
+    // `dst` is a unique borrow that aliases neither operand.
+    unsafe {
+        gemm::gemm(
+            g.m,
+            g.n,
+            g.k,
+            g.dst.as_mut_ptr(),
+            1,
+            g.dst_rs as isize,
+            g.accumulate,
+            g.lhs.as_ptr(),
+            g.lhs_cs as isize,
+            g.lhs_rs as isize,
+            g.rhs.as_ptr(),
+            g.rhs_cs as isize,
+            g.rhs_rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            // The callers parallelise over images or planes: one thread per GEMM keeps each
+            // image's arithmetic independent of the thread count and avoids nested rayon.
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+pub(crate) mod scratch {
+    use std::cell::RefCell;
+
+    thread_local! {
+        static SLOTS: [RefCell<Vec<f32>>; 2] = const { [RefCell::new(Vec::new()), RefCell::new(Vec::new())] };
+    }
+
+    /// Runs `f` on this thread's scratch buffer `slot` (0 or 1) of at least `len` elements,
+    /// kept between calls so that steady-state steps allocate nothing. Its contents are
+    /// whatever the last user left.
+    pub fn with_scratch<R>(slot: usize, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+        SLOTS.with(|slots| {
+            let mut buf = slots[slot].borrow_mut();
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+            f(&mut buf[..len])
+        })
+    }
+}

@@ -1,0 +1,285 @@
+//! The kernels on burn's flex backend: forward ops on `Flex`, and custom autodiff ops with
+//! their own backward nodes on `Autodiff<Flex>`.
+
+use std::fmt;
+use std::sync::Arc;
+
+use burn::backend::autodiff::checkpoint::base::Checkpointer;
+use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
+use burn::backend::autodiff::grads::Gradients;
+use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::flex::FlexTensor;
+use burn::backend::{Autodiff, Flex};
+use burn::tensor::backend::Backend;
+use burn::tensor::ops::FloatTensor;
+use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+
+use crate::cpu::conv::{conv2d_backward, conv2d_forward, ConvShape};
+use crate::cpu::pool::{max_pool2d_backward, max_pool2d_forward, PoolShape};
+use crate::{cast, same_type};
+
+/// The autodiff backend the kernels serve: `Autodiff<Flex>` with burn's default (no)
+/// checkpointing, which is what `burn::backend::Autodiff<Flex>` names.
+type Ad = Autodiff<Flex>;
+type AdTensor = FloatTensor<Ad>;
+
+pub(crate) fn is_flex<B: Backend>() -> bool {
+    same_type::<B, Flex>()
+}
+
+pub(crate) fn is_autodiff_flex<B: Backend>() -> bool {
+    same_type::<B, Ad>()
+}
+
+fn primitive<B: Backend, const D: usize>(t: Tensor<B, D>) -> FloatTensor<B> {
+    t.into_primitive().tensor()
+}
+
+fn tensor<B: Backend, const D: usize>(p: FloatTensor<B>) -> Tensor<B, D> {
+    Tensor::from_primitive(TensorPrimitive::Float(p))
+}
+
+/// `t` with its elements contiguous from offset 0, sharing its buffer when they already are.
+pub(crate) fn contiguous(t: FlexTensor) -> FlexTensor {
+    if t.as_slice::<f32>().is_some() {
+        return t;
+    }
+    t.to_contiguous()
+}
+
+pub(crate) fn f32s(t: &FlexTensor) -> &[f32] {
+    t.as_slice::<f32>().expect("a contiguous f32 flex tensor")
+}
+
+pub(crate) fn from_vec<const D: usize>(values: Vec<f32>, shape: [usize; D]) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, shape))
+}
+
+fn conv_out_shape(s: &ConvShape) -> [usize; 4] {
+    [s.batch, s.out_channels, s.out_h(), s.out_w()]
+}
+
+fn conv_forward(x: &FlexTensor, w: &FlexTensor, b: Option<&FlexTensor>, s: &ConvShape) -> FlexTensor {
+    let mut out = vec![0.0f32; s.batch * s.out_image()];
+    conv2d_forward(s, f32s(x), f32s(w), b.map(f32s), &mut out);
+    from_vec(out, conv_out_shape(s))
+}
+
+/// Dispatches a convolution of backend `B` (flex or autodiff flex) to the kernels.
+pub(crate) fn conv2d<B: Backend>(
+    x: Tensor<B, 4>,
+    w: Tensor<B, 4>,
+    b: Option<Tensor<B, 1>>,
+    s: ConvShape,
+) -> Tensor<B, 4> {
+    if is_flex::<B>() {
+        let (x, w) = (contiguous(flex_prim(x)), contiguous(flex_prim(w)));
+        let b = b.map(|b| contiguous(flex_prim(b)));
+        let out = conv_forward(&x, &w, b.as_ref(), &s);
+        return back::<B, 4>(tensor::<Flex, 4>(out));
+    }
+    let (x, w) = (ad_prim(x), ad_prim(w));
+    let b = b.map(ad_prim);
+    back::<B, 4>(tensor::<Ad, 4>(conv2d_autodiff(x, w, b, s)))
+}
+
+fn flex_prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FlexTensor {
+    primitive::<Flex, D>(cast(t).ok().expect("backend is Flex"))
+}
+
+fn ad_prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> AdTensor {
+    primitive::<Ad, D>(cast(t).ok().expect("backend is Autodiff<Flex>"))
+}
+
+fn back<B: Backend, const D: usize>(t: Tensor<impl Backend, D>) -> Tensor<B, D> {
+    cast(t).ok().expect("the caller's backend")
+}
+
+#[derive(Debug)]
+struct ConvBackward;
+
+/// What the convolution's backward reads: its input and weight (shared, not copied).
+#[derive(Clone)]
+struct ConvState {
+    x: FlexTensor,
+    w: FlexTensor,
+    shape: ConvShape,
+}
+
+impl fmt::Debug for ConvState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ConvState({:?})", self.shape)
+    }
+}
+
+impl Backward<Flex, 3> for ConvBackward {
+    type State = ConvState;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_w, node_b] = ops.parents;
+        let dy = contiguous(grads.consume::<Flex>(&ops.node));
+        let ConvState { x, w, shape: s } = ops.state;
+        let mut dx = node_x.as_ref().map(|_| vec![0.0f32; s.batch * s.in_image()]);
+        let mut dw = node_w.as_ref().map(|_| vec![0.0f32; s.weight_len()]);
+        let mut db = node_b.as_ref().map(|_| vec![0.0f32; s.out_channels]);
+        conv2d_backward(
+            &s,
+            f32s(&x),
+            f32s(&w),
+            f32s(&dy),
+            dx.as_deref_mut(),
+            dw.as_deref_mut(),
+            db.as_deref_mut(),
+        );
+        if let (Some(node), Some(dx)) = (node_x, dx) {
+            grads.register::<Flex>(node.id, from_vec(dx, [s.batch, s.in_channels, s.in_h, s.in_w]));
+        }
+        if let (Some(node), Some(dw)) = (node_w, dw) {
+            grads.register::<Flex>(
+                node.id,
+                from_vec(dw, [s.out_channels, s.in_channels, s.kernel[0], s.kernel[1]]),
+            );
+        }
+        if let (Some(node), Some(db)) = (node_b, db) {
+            grads.register::<Flex>(node.id, from_vec(db, [s.out_channels]));
+        }
+    }
+}
+
+fn conv2d_autodiff(x: AdTensor, w: AdTensor, b: Option<AdTensor>, s: ConvShape) -> AdTensor {
+    // Without a bias, a constant zero bias (no gradient is tracked for it) keeps one node type.
+    let b = b.unwrap_or_else(|| AdTensor::new(from_vec(vec![0.0; s.out_channels], [s.out_channels])));
+    let (xp, wp, bp) = (
+        contiguous(x.primitive),
+        contiguous(w.primitive),
+        contiguous(b.primitive),
+    );
+    let out = conv_forward(&xp, &wp, Some(&bp), &s);
+    match ConvBackward
+        .prepare::<NoCheckpointing>([x.node, w.node, b.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(
+            ConvState {
+                x: xp,
+                w: wp,
+                shape: s,
+            },
+            out,
+        ),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    }
+}
+
+fn pool_forward(x: &FlexTensor, s: &PoolShape) -> (FlexTensor, Vec<u32>) {
+    let n = s.planes() * s.out_plane();
+    let (mut out, mut argmax) = (vec![0.0f32; n], vec![0u32; n]);
+    max_pool2d_forward(s, f32s(x), &mut out, &mut argmax);
+    (from_vec(out, [s.batch, s.channels, s.out_h(), s.out_w()]), argmax)
+}
+
+/// Dispatches a max pooling of backend `B` (flex or autodiff flex) to the kernels.
+pub(crate) fn max_pool2d<B: Backend>(x: Tensor<B, 4>, s: PoolShape) -> Tensor<B, 4> {
+    if is_flex::<B>() {
+        let (out, _) = pool_forward(&contiguous(flex_prim(x)), &s);
+        return back::<B, 4>(tensor::<Flex, 4>(out));
+    }
+    let x = ad_prim(x);
+    let (out, argmax) = pool_forward(&contiguous(x.primitive), &s);
+    let out = match PoolBackward
+        .prepare::<NoCheckpointing>([x.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(
+            PoolState {
+                argmax: Arc::new(argmax),
+                shape: s,
+            },
+            out,
+        ),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    };
+    back::<B, 4>(tensor::<Ad, 4>(out))
+}
+
+#[derive(Debug)]
+struct PoolBackward;
+
+#[derive(Clone)]
+struct PoolState {
+    argmax: Arc<Vec<u32>>,
+    shape: PoolShape,
+}
+
+impl fmt::Debug for PoolState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PoolState({:?})", self.shape)
+    }
+}
+
+impl Backward<Flex, 1> for PoolBackward {
+    type State = PoolState;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x] = ops.parents;
+        let dy = contiguous(grads.consume::<Flex>(&ops.node));
+        let Some(node) = node_x else { return };
+        let s = ops.state.shape;
+        let mut dx = vec![0.0f32; s.planes() * s.in_plane()];
+        max_pool2d_backward(&s, f32s(&dy), &ops.state.argmax, &mut dx);
+        grads.register::<Flex>(node.id, from_vec(dx, [s.batch, s.channels, s.in_h, s.in_w]));
+    }
+}
+
+/// `t`'s elements, contiguous, in a buffer this tensor alone owns (copied only if shared).
+fn owned(t: FlexTensor) -> FlexTensor {
+    let mut t = contiguous(t);
+    let full = t
+        .as_slice::<f32>()
+        .is_some_and(|s| s.len() * 4 == t.bytes().len());
+    if !full {
+        t = t.to_contiguous();
+    }
+    let _ = t.storage_mut::<f32>();
+    t
+}
+
+/// Body of [`crate::optim::update`] on flex tensors.
+pub(crate) fn optim_update<B: Backend, const D: usize>(
+    rule: crate::optim::Rule,
+    weight_decay: f64,
+    param: Tensor<B, D>,
+    grad: Tensor<B, D>,
+    state: Option<(Tensor<B, D>, Tensor<B, D>)>,
+) -> (Tensor<B, D>, Option<(Tensor<B, D>, Tensor<B, D>)>) {
+    let shape = param.shape();
+    let mut param = owned(flex_prim(param));
+    let mut grad = owned(flex_prim(grad));
+    let zeros = || FlexTensor::zeros(shape.clone(), burn::tensor::DType::F32);
+    let (mut first, mut second) = match state {
+        Some((f, s)) if rule.has_state() => (owned(flex_prim(f)), owned(flex_prim(s))),
+        _ if rule.has_state() => (zeros(), zeros()),
+        _ => (
+            FlexTensor::zeros([0].into(), burn::tensor::DType::F32),
+            FlexTensor::zeros([0].into(), burn::tensor::DType::F32),
+        ),
+    };
+    crate::cpu::optim::update(
+        rule,
+        weight_decay,
+        param.storage_mut(),
+        grad.storage_mut(),
+        first.storage_mut(),
+        second.storage_mut(),
+    );
+    let param = back::<B, D>(tensor::<Flex, D>(param));
+    let state = rule.has_state().then(|| {
+        (
+            back::<B, D>(tensor::<Flex, D>(first)),
+            back::<B, D>(tensor::<Flex, D>(second)),
+        )
+    });
+    (param, state)
+}

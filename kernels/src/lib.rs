@@ -1,0 +1,203 @@
+//! ember's CPU kernels for the hot operations of CNN training (convolution, max pooling and the
+//! optimizer updates), and their wiring into burn.
+//!
+//! [`cpu`] holds the kernels on plain `f32` slices. The functions at the top level take burn
+//! tensors of any backend: on burn's `flex` CPU backend (feature `flex`) they run the kernels,
+//! under `Autodiff<Flex>` as custom autodiff ops with their own backward nodes (burn-autodiff's
+//! `Backward`/`Ops`/`OpsKind`, the mechanism burn's own ops use); on every other backend (CUDA,
+//! ndarray, flex with `f64` tensors) they run burn's stock ops, unchanged.
+//!
+//! Rust has no specialisation, so the choice is made per call by comparing the backend's
+//! `TypeId` with flex's: a model stays generic over `B: Backend` and needs no extra trait bound.
+//!
+//! [`nn`] applies the ops to burn's `Conv2d` and `MaxPool2d` modules, so models keep those
+//! modules (and so their records, checkpoints and PyTorch imports) and only change the call.
+
+use std::any::{Any, TypeId};
+
+use burn::tensor::backend::Backend;
+use burn::tensor::module;
+use burn::tensor::ops::{ConvOptions, PadMode as BurnPadMode};
+use burn::tensor::{DType, Tensor};
+
+pub mod cpu;
+#[cfg(feature = "flex")]
+mod flex;
+pub mod nn;
+pub mod optim;
+
+pub use cpu::conv::{ConvShape, PadMode};
+pub use cpu::pool::PoolShape;
+
+/// Stride and symmetric padding of a 2-D convolution (dilation 1, one group).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dOptions {
+    pub stride: [usize; 2],
+    /// Pixels added before and after, per dimension.
+    pub padding: [usize; 2],
+    pub mode: PadMode,
+}
+
+impl Conv2dOptions {
+    pub fn new(stride: [usize; 2], padding: [usize; 2], mode: PadMode) -> Self {
+        Self {
+            stride,
+            padding,
+            mode,
+        }
+    }
+}
+
+/// What `EMBER_KERNELS` selects: `cpu` (the default) runs the kernels on flex, `stock` runs
+/// burn's stock ops everywhere, for before/after measurements in one binary.
+///
+/// # Panics
+/// On any other value: a misspelt switch must not silently measure the wrong thing.
+pub fn kernels_enabled() -> bool {
+    static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ENABLED.get_or_init(|| match std::env::var("EMBER_KERNELS") {
+        Err(std::env::VarError::NotPresent) => true,
+        Ok(v) if v == "cpu" => true,
+        Ok(v) if v == "stock" => false,
+        Ok(v) => panic!(
+            "EMBER_KERNELS={v:?}: expected `cpu` (ember's kernels, the default) or `stock` (burn's ops)"
+        ),
+        Err(e) => panic!("EMBER_KERNELS: {e}"),
+    })
+}
+
+/// Whether backend `B` runs ember's CPU kernels (rather than burn's stock ops) for `f32`
+/// tensors.
+pub fn uses_cpu_kernels<B: Backend>() -> bool {
+    #[cfg(feature = "flex")]
+    {
+        (flex::is_flex::<B>() || flex::is_autodiff_flex::<B>()) && kernels_enabled()
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        false
+    }
+}
+
+/// Whether `B` is flex itself (not under autodiff).
+pub(crate) fn is_flex<B: Backend>() -> bool {
+    #[cfg(feature = "flex")]
+    {
+        flex::is_flex::<B>() && kernels_enabled()
+    }
+    #[cfg(not(feature = "flex"))]
+    {
+        false
+    }
+}
+
+/// Moves `value` into a `T` when it is one: the safe downcast behind the backend choice.
+pub(crate) fn cast<A: 'static, T: 'static>(value: A) -> Result<T, A> {
+    let mut slot = Some(value);
+    match (&mut slot as &mut dyn Any).downcast_mut::<Option<T>>() {
+        Some(t) => Ok(t.take().expect("slot holds the value")),
+        None => Err(slot.expect("slot holds the value")),
+    }
+}
+
+pub(crate) fn same_type<A: 'static, T: 'static>() -> bool {
+    TypeId::of::<A>() == TypeId::of::<T>()
+}
+
+/// The [`ConvShape`] of `x` convolved with `weight`, if ember's kernels take it.
+fn conv_shape<B: Backend>(
+    x: &Tensor<B, 4>,
+    weight: &Tensor<B, 4>,
+    options: Conv2dOptions,
+) -> Option<ConvShape> {
+    let [batch, in_channels, in_h, in_w] = x.dims();
+    let [out_channels, weight_in, kh, kw] = weight.dims();
+    let shape = ConvShape {
+        batch,
+        in_channels,
+        in_h,
+        in_w,
+        out_channels,
+        kernel: [kh, kw],
+        stride: options.stride,
+        padding: options.padding,
+        mode: options.mode,
+    };
+    let f32s = x.dtype() == DType::F32 && weight.dtype() == DType::F32;
+    (f32s && weight_in == in_channels && batch > 0 && shape.is_valid()).then_some(shape)
+}
+
+/// `conv2d(x, weight) + bias`, like `torch.nn.functional.conv2d` (with `padding_mode` folded
+/// in).
+///
+/// # Shapes
+/// - `x`: `[batch, in_channels, h, w]`
+/// - `weight`: `[out_channels, in_channels, kh, kw]`
+/// - `bias`: `[out_channels]`
+/// - output: `[batch, out_channels, (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1]`
+pub fn conv2d<B: Backend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 4>,
+    bias: Option<Tensor<B, 1>>,
+    options: Conv2dOptions,
+) -> Tensor<B, 4> {
+    #[cfg(feature = "flex")]
+    if uses_cpu_kernels::<B>() {
+        if let Some(shape) = conv_shape(&x, &weight, options) {
+            return flex::conv2d(x, weight, bias, shape);
+        }
+    }
+    conv2d_stock(x, weight, bias, options)
+}
+
+/// [`conv2d`] through burn's own ops: replicate padding as an explicit `pad`, then burn's
+/// convolution.
+pub fn conv2d_stock<B: Backend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 4>,
+    bias: Option<Tensor<B, 1>>,
+    options: Conv2dOptions,
+) -> Tensor<B, 4> {
+    let [ph, pw] = options.padding;
+    let (x, padding) = match options.mode {
+        PadMode::Zeros => (x, options.padding),
+        PadMode::Replicate => (x.pad([(ph, ph), (pw, pw)], BurnPadMode::Edge), [0, 0]),
+    };
+    module::conv2d(
+        x,
+        weight,
+        bias,
+        ConvOptions::new(options.stride, padding, [1, 1], 1),
+    )
+}
+
+/// Max pooling (dilation 1, floor rounding, `-inf` padding), like
+/// `torch.nn.functional.max_pool2d`.
+///
+/// # Shapes
+/// - `x`: `[batch, channels, h, w]`
+/// - output: `[batch, channels, (h + 2 * ph - kh) / sh + 1, (w + 2 * pw - kw) / sw + 1]`
+pub fn max_pool2d<B: Backend>(
+    x: Tensor<B, 4>,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 2],
+) -> Tensor<B, 4> {
+    #[cfg(feature = "flex")]
+    if uses_cpu_kernels::<B>() && x.dtype() == DType::F32 {
+        let [batch, channels, in_h, in_w] = x.dims();
+        let shape = PoolShape {
+            batch,
+            channels,
+            in_h,
+            in_w,
+            kernel,
+            stride,
+            padding,
+        };
+        if shape.is_valid() {
+            return flex::max_pool2d(x, shape);
+        }
+    }
+    module::max_pool2d(x, kernel, stride, padding, [1, 1], false)
+}

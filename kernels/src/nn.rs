@@ -1,0 +1,87 @@
+//! The ops applied to burn's own `Conv2d` and `MaxPool2d` modules, so that a model keeps those
+//! modules (their parameters, records and PyTorch key names) and only changes the call.
+//! Configurations the kernels do not cover (dilation, groups, `Same` or asymmetric padding,
+//! ceil mode) run the module's own `forward`.
+
+use burn::nn::conv::Conv2d;
+use burn::nn::pool::MaxPool2d;
+use burn::nn::PaddingConfig2d;
+use burn::tensor::backend::Backend;
+use burn::tensor::Tensor;
+
+use crate::{Conv2dOptions, PadMode};
+
+/// Symmetric padding of `config`, if it is symmetric and does not depend on the input size.
+fn symmetric(config: &PaddingConfig2d) -> Option<[usize; 2]> {
+    match *config {
+        PaddingConfig2d::Valid => Some([0, 0]),
+        PaddingConfig2d::Explicit(top, left, bottom, right) if top == bottom && left == right => {
+            Some([top, left])
+        }
+        _ => None,
+    }
+}
+
+fn options<B: Backend>(conv: &Conv2d<B>) -> Option<Conv2dOptions> {
+    let plain = conv.groups == 1 && conv.dilation == [1, 1];
+    plain.then_some(())?;
+    Some(Conv2dOptions::new(
+        conv.stride,
+        symmetric(&conv.padding)?,
+        PadMode::Zeros,
+    ))
+}
+
+/// `conv.forward(x)`, through [`crate::conv2d`].
+///
+/// # Shapes
+/// - `x`: `[batch, in_channels, h, w]`
+/// - output: `[batch, out_channels, h_out, w_out]`
+pub fn conv2d<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    match options(conv) {
+        Some(options) => crate::conv2d(x, conv.weight.val(), conv.bias.as_ref().map(|b| b.val()), options),
+        None => conv.forward(x),
+    }
+}
+
+/// `conv.forward` on `x` padded by `pad` pixels on every side with copies of its border, like
+/// PyTorch's `Conv2d(..., padding=pad, padding_mode="replicate")`. `conv` itself must be
+/// configured without padding (burn's `Conv2d` only pads with zeros).
+///
+/// # Shapes
+/// - `x`: `[batch, in_channels, h, w]`
+/// - output: `[batch, out_channels, (h + 2 * pad - kh) / sh + 1, (w + 2 * pad - kw) / sw + 1]`
+pub fn conv2d_replicate<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>, pad: usize) -> Tensor<B, 4> {
+    assert_eq!(
+        symmetric(&conv.padding),
+        Some([0, 0]),
+        "conv2d_replicate: the convolution must be configured with Valid padding"
+    );
+    match options(conv) {
+        Some(options) => crate::conv2d(
+            x,
+            conv.weight.val(),
+            conv.bias.as_ref().map(|b| b.val()),
+            Conv2dOptions {
+                padding: [pad, pad],
+                mode: PadMode::Replicate,
+                ..options
+            },
+        ),
+        None => conv.forward(x.pad([(pad, pad), (pad, pad)], burn::tensor::ops::PadMode::Edge)),
+    }
+}
+
+/// `pool.forward(x)`, through [`crate::max_pool2d`].
+///
+/// # Shapes
+/// - `x`: `[batch, channels, h, w]`
+/// - output: `[batch, channels, h_out, w_out]`
+pub fn max_pool2d<B: Backend>(pool: &MaxPool2d, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    match symmetric(&pool.padding) {
+        Some(padding) if pool.dilation == [1, 1] && !pool.ceil_mode => {
+            crate::max_pool2d(x, pool.kernel_size, pool.stride, padding)
+        }
+        _ => pool.forward(x),
+    }
+}

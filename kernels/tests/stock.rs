@@ -1,0 +1,234 @@
+//! The kernels against burn's stock ops: forward and every gradient of the convolution and the
+//! max pooling on `Autodiff<Flex>` (the kernels) versus the same ops on `Autodiff<NdArray<f64>>`
+//! (burn's stock ops in double precision), over a property-based sweep of shapes: batch 1, odd
+//! sizes, strides 1-2, padding 0-2, zero and replicate padding, kernels 1x1 to 5x5.
+//!
+//! Error measure: max |got - want| / max |want| over the tensor, at most 1e-5.
+#![cfg(feature = "flex")]
+
+use burn::backend::{Autodiff, Flex, NdArray};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+use ember_kernels::{conv2d, conv2d_stock, max_pool2d, uses_cpu_kernels, Conv2dOptions, PadMode};
+use proptest::prelude::*;
+
+type Fast = Autodiff<Flex>;
+type Reference = Autodiff<NdArray<f64>>;
+
+const TOLERANCE: f64 = 1e-5;
+
+fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f64> {
+    t.into_data().convert::<f64>().to_vec().unwrap()
+}
+
+fn assert_close(what: &str, got: Vec<f64>, want: Vec<f64>) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let scale = want.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(1e-30);
+    let err = got
+        .iter()
+        .zip(&want)
+        .fold(0.0f64, |m, (g, w)| m.max((g - w).abs()));
+    assert!(
+        err / scale <= TOLERANCE,
+        "{what}: relative error {:.3e} > {TOLERANCE:e} (max |want| {scale:.3e})",
+        err / scale
+    );
+}
+
+/// A deterministic pseudo-random tensor with the same values on both backends.
+fn same<const D: usize>(shape: [usize; D], seed: u64) -> (Tensor<Fast, D>, Tensor<Reference, D>) {
+    let n: usize = shape.iter().product();
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let v: Vec<f32> = (0..n)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect();
+    let fast = Tensor::from_data(TensorData::new(v.clone(), shape), &Default::default());
+    let reference = Tensor::from_data(TensorData::new(v, shape).convert::<f64>(), &Default::default());
+    (fast.require_grad(), reference.require_grad())
+}
+
+#[derive(Debug, Clone)]
+struct ConvCase {
+    batch: usize,
+    in_channels: usize,
+    out_channels: usize,
+    h: usize,
+    w: usize,
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 2],
+    mode: PadMode,
+    bias: bool,
+}
+
+fn conv_case() -> impl Strategy<Value = ConvCase> {
+    (
+        (1usize..4, 1usize..6, 1usize..7),
+        (1usize..6, 1usize..6, 0usize..3, 0usize..3),
+        (1usize..3, 1usize..3, 0usize..3, 0usize..3),
+        (prop::bool::ANY, prop::bool::ANY),
+    )
+        .prop_filter_map(
+            "kernel must fit the padded input",
+            |((batch, in_channels, out_channels), (kh, kw, dh, dw), (sh, sw, ph, pw), (replicate, bias))| {
+                let (h, w) = (kh + dh + 1, kw + dw + 2);
+                let case = ConvCase {
+                    batch,
+                    in_channels,
+                    out_channels,
+                    h,
+                    w,
+                    kernel: [kh, kw],
+                    stride: [sh, sw],
+                    padding: [ph, pw],
+                    mode: if replicate {
+                        PadMode::Replicate
+                    } else {
+                        PadMode::Zeros
+                    },
+                    bias,
+                };
+                (h + 2 * ph >= kh && w + 2 * pw >= kw).then_some(case)
+            },
+        )
+}
+
+fn check_conv(case: &ConvCase, seed: u64) {
+    assert!(uses_cpu_kernels::<Fast>());
+    let ConvCase {
+        batch,
+        in_channels,
+        out_channels,
+        h,
+        w,
+        kernel,
+        ..
+    } = *case;
+    let options = Conv2dOptions::new(case.stride, case.padding, case.mode);
+    let (x, x_ref) = same([batch, in_channels, h, w], seed);
+    let (wt, wt_ref) = same([out_channels, in_channels, kernel[0], kernel[1]], seed + 1);
+    let (b, b_ref) = same([out_channels], seed + 2);
+    let (b, b_ref) = if case.bias {
+        (Some(b.clone()), Some(b_ref.clone()))
+    } else {
+        (None, None)
+    };
+    let y = conv2d(x.clone(), wt.clone(), b.clone(), options);
+    let y_ref = conv2d_stock(x_ref.clone(), wt_ref.clone(), b_ref.clone(), options);
+    assert_eq!(y.dims(), y_ref.dims(), "{case:?}: output shape");
+    // A loss whose gradient differs per output element: sum(y * r).
+    let (r, r_ref) = same(y.dims(), seed + 3);
+    let (r, r_ref) = (r.detach(), r_ref.detach());
+    let grads = (y.clone() * r).sum().backward();
+    let grads_ref = (y_ref.clone() * r_ref).sum().backward();
+    assert_close(&format!("{case:?} output"), values(y), values(y_ref));
+    assert_close(
+        &format!("{case:?} d input"),
+        values(x.grad(&grads).unwrap()),
+        values(x_ref.grad(&grads_ref).unwrap()),
+    );
+    assert_close(
+        &format!("{case:?} d weight"),
+        values(wt.grad(&grads).unwrap()),
+        values(wt_ref.grad(&grads_ref).unwrap()),
+    );
+    if let (Some(b), Some(b_ref)) = (b, b_ref) {
+        assert_close(
+            &format!("{case:?} d bias"),
+            values(b.grad(&grads).unwrap()),
+            values(b_ref.grad(&grads_ref).unwrap()),
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn conv2d_forward_and_gradients_match_burn(case in conv_case(), seed in 0u64..1000) {
+        check_conv(&case, seed);
+    }
+
+    #[test]
+    fn max_pool2d_forward_and_gradient_match_burn(
+        batch in 1usize..3, channels in 1usize..4, h in 1usize..9, w in 1usize..9,
+        kernel in 1usize..4, stride in 1usize..4, padding in 0usize..2, seed in 0u64..1000,
+    ) {
+        prop_assume!(2 * padding <= kernel && h + 2 * padding >= kernel && w + 2 * padding >= kernel);
+        let (x, x_ref) = same([batch, channels, h, w], seed);
+        let y = max_pool2d(x.clone(), [kernel, kernel], [stride, stride], [padding, padding]);
+        let y_ref = max_pool2d(x_ref.clone(), [kernel, kernel], [stride, stride], [padding, padding]);
+        let (r, r_ref) = same(y.dims(), seed + 3);
+        let grads = (y.clone() * r.detach()).sum().backward();
+        let grads_ref = (y_ref.clone() * r_ref.detach()).sum().backward();
+        assert_close("max_pool2d output", values(y), values(y_ref));
+        assert_close("max_pool2d d input", values(x.grad(&grads).unwrap()), values(x_ref.grad(&grads_ref).unwrap()));
+    }
+}
+
+/// The seed models' own layers at their training batch sizes (conv1 has no input gradient:
+/// its input is the image batch).
+#[test]
+fn seed_model_layers_match_burn() {
+    let layer = |in_channels, out_channels, h, k, p, mode, batch| ConvCase {
+        batch,
+        in_channels,
+        out_channels,
+        h,
+        w: h,
+        kernel: [k, k],
+        stride: [1, 1],
+        padding: [p, p],
+        mode,
+        bias: true,
+    };
+    for (i, case) in [
+        layer(1, 32, 28, 3, 0, PadMode::Zeros, 64),
+        layer(32, 64, 26, 3, 0, PadMode::Zeros, 64),
+        layer(1, 32, 28, 5, 2, PadMode::Replicate, 64),
+        layer(32, 64, 14, 5, 2, PadMode::Replicate, 64),
+        // ResNet-class shapes: 3x3 pad 1 stride 1 and 2, 1x1 stride 2.
+        ConvCase {
+            stride: [2, 2],
+            ..layer(16, 32, 16, 3, 1, PadMode::Zeros, 3)
+        },
+        ConvCase {
+            stride: [2, 2],
+            bias: false,
+            ..layer(16, 32, 16, 1, 0, PadMode::Zeros, 3)
+        },
+        ConvCase {
+            bias: false,
+            ..layer(16, 16, 16, 1, 0, PadMode::Zeros, 3)
+        },
+    ]
+    .iter()
+    .enumerate()
+    {
+        check_conv(case, i as u64);
+    }
+}
+
+/// Without autodiff (evaluation), the forward ops run the kernels too.
+#[test]
+fn inference_backend_runs_the_kernels() {
+    assert!(uses_cpu_kernels::<Flex>());
+    let (x, _) = same::<4>([2, 3, 9, 9], 5);
+    let (wt, _) = same::<4>([4, 3, 3, 3], 6);
+    let x = x.inner();
+    let wt = wt.inner();
+    let options = Conv2dOptions::new([2, 1], [1, 2], PadMode::Replicate);
+    let fast = conv2d(x.clone(), wt.clone(), None, options);
+    let stock = conv2d_stock(x.clone(), wt, None, options);
+    assert_close("inference conv2d", values(fast), values(stock));
+    let pooled = max_pool2d(x.clone(), [2, 2], [2, 2], [0, 0]);
+    let stock = burn::tensor::module::max_pool2d(x, [2, 2], [2, 2], [0, 0], [1, 1], false);
+    assert_close("inference max_pool2d", values(pooled), values(stock));
+}
