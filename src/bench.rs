@@ -192,6 +192,10 @@ pub struct BenchRecord {
     /// multiply-accumulates of the convolutions and linear layers.
     pub train_flops_per_image: f64,
     pub achieved_tflops: f64,
+    /// On CPUs: the f32 GEMM GFLOP/s this machine reaches on the same threads, measured in the
+    /// same process after the timings (`ember_kernels::cpu::peak`), against which `achieved_tflops` is a fraction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_gemm_peak_gflops: Option<f64>,
     pub host: String,
     pub timestamp: String,
 }
@@ -217,7 +221,13 @@ impl BenchRecord {
                 .as_ref()
                 .map(|u| format!("  gpu {:.0}% (p10 {:.0}%)", u.mean_percent, u.p10_percent))
                 .unwrap_or_default(),
-        )
+        ) + &self
+            .cpu_gemm_peak_gflops
+            .map(|peak| {
+                let gflops = self.achieved_tflops * 1e3;
+                format!("  {gflops:.0} GFLOP/s = {:.0}% of GEMM peak {peak:.0}", 100.0 * gflops / peak)
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -339,6 +349,10 @@ pub fn run<B: AutodiffBackend>(
         }),
         train_flops_per_image: flops,
         achieved_tflops: flops * images_per_sec / 1e12,
+        cpu_gemm_peak_gflops: info
+            .cuda
+            .is_none()
+            .then(ember_kernels::cpu::peak::gemm_peak_gflops),
         train_step_ms,
         host: host_name(),
         timestamp: crate::checkpoint::utc_stamp(std::time::SystemTime::now()),

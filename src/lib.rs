@@ -14,6 +14,7 @@ pub mod config;
 pub mod data;
 pub mod gpu;
 pub mod import;
+pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod optim;

@@ -124,6 +124,7 @@ fn input_row(s: &ConvShape, oh: usize, kh: usize) -> Option<usize> {
     }
 }
 
+#[inline(never)]
 /// Unfolds one image `[in_channels, in_h, in_w]` into `col`, `[patch, pixels]`.
 fn im2col(s: &ConvShape, x: &[f32], col: &mut [f32]) {
     let (oh_n, ow_n, [kh_n, kw_n], sw) = (s.out_h(), s.out_w(), s.kernel, s.stride[1]);
@@ -163,6 +164,7 @@ fn im2col(s: &ConvShape, x: &[f32], col: &mut [f32]) {
     }
 }
 
+#[inline(never)]
 /// Adds `col`, `[patch, pixels]`, back onto the image it was unfolded from (`dx` is not
 /// cleared): the adjoint of [`im2col`].
 fn col2im(s: &ConvShape, col: &[f32], dx: &mut [f32]) {

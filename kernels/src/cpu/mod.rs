@@ -3,6 +3,7 @@
 
 pub mod conv;
 pub mod optim;
+pub mod peak;
 pub mod pool;
 
 /// One single-threaded GEMM on row-major slices: `dst[m, n] (+)= lhs[m, k] . rhs[k, n]`, each

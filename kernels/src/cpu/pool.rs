@@ -79,6 +79,9 @@ pub fn max_pool2d_forward(s: &PoolShape, x: &[f32], out: &mut [f32], argmax: &mu
         .zip(out.par_chunks_mut(s.out_plane()))
         .zip(argmax.par_chunks_mut(s.out_plane()))
         .for_each(|((x, out), argmax)| {
+            if s.kernel == [2, 2] && s.stride == [2, 2] && s.padding == [0, 0] {
+                return pool_2x2(s.in_w, x, out, argmax, ow_n);
+            }
             for oh in 0..oh_n {
                 let (h0, h1) = window(oh, s.stride[0], s.padding[0], s.kernel[0], s.in_h);
                 for ow in 0..ow_n {
@@ -98,6 +101,35 @@ pub fn max_pool2d_forward(s: &PoolShape, x: &[f32], out: &mut [f32], argmax: &mu
                 }
             }
         });
+}
+
+/// The seed models' 2x2 stride-2 pooling of one plane, with the general scan's order and rule.
+fn pool_2x2(in_w: usize, x: &[f32], out: &mut [f32], argmax: &mut [u32], ow_n: usize) {
+    for (oh, (out, argmax)) in out
+        .chunks_exact_mut(ow_n)
+        .zip(argmax.chunks_exact_mut(ow_n))
+        .enumerate()
+    {
+        let top = &x[2 * oh * in_w..][..in_w];
+        let bottom = &x[(2 * oh + 1) * in_w..][..in_w];
+        let base = (2 * oh * in_w) as u32;
+        for (ow, (o, a)) in out.iter_mut().zip(argmax.iter_mut()).enumerate() {
+            let c = 2 * ow;
+            let (mut best, mut at) = (top[c], c as u32);
+            for (v, i) in [
+                (top[c + 1], c + 1),
+                (bottom[c], in_w + c),
+                (bottom[c + 1], in_w + c + 1),
+            ] {
+                if v > best || v.is_nan() {
+                    best = v;
+                    at = i as u32;
+                }
+            }
+            *o = best;
+            *a = base + at;
+        }
+    }
 }
 
 /// `dx` (overwritten) = `dy` routed back to each window's maximum; overlapping windows add up.

@@ -1,0 +1,162 @@
+//! Micro-benchmarks of ember's CPU kernels (ember-kernels) on the seed models' hot shapes at
+//! batch 64, on plain slices: `cargo bench --bench kernels`. Each convolution reports its
+//! multiply-accumulate throughput (divan's "items" are MACs: GFLOP/s = 2 x Gitem/s).
+
+use divan::counter::ItemsCount;
+use ember_kernels::cpu::conv::{conv2d_backward, conv2d_forward, ConvShape, PadMode};
+use ember_kernels::cpu::optim::{update, Rule};
+use ember_kernels::cpu::pool::{max_pool2d_backward, max_pool2d_forward, PoolShape};
+
+fn main() {
+    divan::main();
+}
+
+const fn conv(
+    in_channels: usize,
+    out_channels: usize,
+    size: usize,
+    k: usize,
+    pad: usize,
+    mode: PadMode,
+) -> ConvShape {
+    ConvShape {
+        batch: 64,
+        in_channels,
+        in_h: size,
+        in_w: size,
+        out_channels,
+        kernel: [k, k],
+        stride: [1, 1],
+        padding: [pad, pad],
+        mode,
+    }
+}
+
+/// (name, shape, whether the input gradient is needed: not for a first layer).
+const CONVS: [(&str, ConvShape, bool); 4] = [
+    (
+        "net.conv1 1x28x28->32 3x3",
+        conv(1, 32, 28, 3, 0, PadMode::Zeros),
+        false,
+    ),
+    (
+        "net.conv2 32x26x26->64 3x3",
+        conv(32, 64, 26, 3, 0, PadMode::Zeros),
+        true,
+    ),
+    (
+        "flash.conv1 1x28x28->32 5x5 replicate",
+        conv(1, 32, 28, 5, 2, PadMode::Replicate),
+        false,
+    ),
+    (
+        "flash.conv2 32x14x14->64 5x5 replicate",
+        conv(32, 64, 14, 5, 2, PadMode::Replicate),
+        true,
+    ),
+];
+
+fn ramp(n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i * 7919) % 1000) as f32 / 1000.0 - 0.5)
+        .collect()
+}
+
+#[divan::bench(args = [0, 1, 2, 3], sample_count = 20)]
+fn conv2d_fwd(bencher: divan::Bencher, which: usize) {
+    let (_, s, _) = CONVS[which];
+    let (x, w, b) = (
+        ramp(s.batch * s.in_image()),
+        ramp(s.weight_len()),
+        ramp(s.out_channels),
+    );
+    let mut out = vec![0.0; s.batch * s.out_image()];
+    bencher
+        .counter(ItemsCount::new(s.forward_macs()))
+        .bench_local(|| conv2d_forward(&s, &x, &w, Some(&b), &mut out));
+}
+
+#[divan::bench(args = [0, 1, 2, 3], sample_count = 20)]
+fn conv2d_bwd(bencher: divan::Bencher, which: usize) {
+    let (_, s, input_grad) = CONVS[which];
+    let (x, w, dy) = (
+        ramp(s.batch * s.in_image()),
+        ramp(s.weight_len()),
+        ramp(s.batch * s.out_image()),
+    );
+    let mut dx = vec![0.0; x.len()];
+    let (mut dw, mut db) = (vec![0.0; w.len()], vec![0.0; s.out_channels]);
+    let macs = s.forward_macs() * if input_grad { 2 } else { 1 };
+    bencher.counter(ItemsCount::new(macs)).bench_local(|| {
+        let dx = input_grad.then_some(&mut dx[..]);
+        conv2d_backward(&s, &x, &w, &dy, dx, Some(&mut dw), Some(&mut db))
+    });
+}
+
+const POOLS: [(usize, usize); 3] = [(64, 24), (32, 28), (64, 14)];
+
+fn pool(which: usize) -> PoolShape {
+    let (channels, size) = POOLS[which];
+    PoolShape {
+        batch: 64,
+        channels,
+        in_h: size,
+        in_w: size,
+        kernel: [2, 2],
+        stride: [2, 2],
+        padding: [0, 0],
+    }
+}
+
+/// 2x2 max pooling: net (64x24x24) and flashlight's two (32x28x28, 64x14x14).
+#[divan::bench(args = [0, 1, 2], sample_count = 20)]
+fn max_pool2d_fwd(bencher: divan::Bencher, which: usize) {
+    let s = pool(which);
+    let x = ramp(s.planes() * s.in_plane());
+    let (mut out, mut idx) = (
+        vec![0.0; s.planes() * s.out_plane()],
+        vec![0u32; s.planes() * s.out_plane()],
+    );
+    bencher.bench_local(|| max_pool2d_forward(&s, &x, &mut out, &mut idx));
+}
+
+#[divan::bench(args = [0, 1, 2], sample_count = 20)]
+fn max_pool2d_bwd(bencher: divan::Bencher, which: usize) {
+    let s = pool(which);
+    let x = ramp(s.planes() * s.in_plane());
+    let (mut out, mut idx) = (
+        vec![0.0; s.planes() * s.out_plane()],
+        vec![0u32; s.planes() * s.out_plane()],
+    );
+    max_pool2d_forward(&s, &x, &mut out, &mut idx);
+    let mut dx = vec![0.0; x.len()];
+    bencher.bench_local(|| max_pool2d_backward(&s, &out, &idx, &mut dx));
+}
+
+/// One update of the largest parameter of each recipe: fc1.weight, 9216x128 (Adadelta, Adam)
+/// and flashlight's 3136x1024 (SGD).
+#[divan::bench(args = ["adadelta", "adam", "sgd"], sample_count = 20)]
+fn optimizer(bencher: divan::Bencher, rule: &str) {
+    let (rule, n) = match rule {
+        "adadelta" => (
+            Rule::Adadelta {
+                lr: 1.0,
+                rho: 0.9,
+                eps: 1e-6,
+            },
+            9216 * 128,
+        ),
+        "adam" => (
+            Rule::Adam {
+                lr: 1e-4,
+                betas: (0.9, 0.999),
+                eps: 1e-8,
+                step: 3,
+            },
+            9216 * 128,
+        ),
+        _ => (Rule::Sgd { lr: 1e-2 }, 3136 * 1024),
+    };
+    let (mut p, mut g, mut a, mut b) = (ramp(n), ramp(n), vec![0.0; n], vec![0.0; n]);
+    bencher.bench_local(|| update(rule, 0.0, &mut p, &mut g, &mut a, &mut b));
+}
