@@ -93,12 +93,12 @@ fn conv2d_bwd(bencher: divan::Bencher, which: usize) {
     });
 }
 
-const POOLS: [(usize, usize); 3] = [(64, 24), (32, 28), (64, 14)];
+const POOLS: [(usize, usize, usize); 4] = [(64, 64, 24), (64, 32, 28), (64, 64, 14), (256, 64, 24)];
 
 fn pool(which: usize) -> PoolShape {
-    let (channels, size) = POOLS[which];
+    let (batch, channels, size) = POOLS[which];
     PoolShape {
-        batch: 64,
+        batch,
         channels,
         in_h: size,
         in_w: size,
@@ -108,8 +108,8 @@ fn pool(which: usize) -> PoolShape {
     }
 }
 
-/// 2x2 max pooling: net (64x24x24) and flashlight's two (32x28x28, 64x14x14).
-#[divan::bench(args = [0, 1, 2], sample_count = 20)]
+/// 2x2 max pooling: net (64x24x24), flashlight's two (32x28x28, 64x14x14), net at batch 256.
+#[divan::bench(args = [0, 1, 2, 3], sample_count = 20)]
 fn max_pool2d_fwd(bencher: divan::Bencher, which: usize) {
     let s = pool(which);
     let x = ramp(s.planes() * s.in_plane());
@@ -120,7 +120,7 @@ fn max_pool2d_fwd(bencher: divan::Bencher, which: usize) {
     bencher.bench_local(|| max_pool2d_forward(&s, &x, &mut out, &mut idx));
 }
 
-#[divan::bench(args = [0, 1, 2], sample_count = 20)]
+#[divan::bench(args = [0, 1, 2, 3], sample_count = 20)]
 fn max_pool2d_bwd(bencher: divan::Bencher, which: usize) {
     let s = pool(which);
     let x = ramp(s.planes() * s.in_plane());

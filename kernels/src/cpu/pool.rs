@@ -103,29 +103,28 @@ pub fn max_pool2d_forward(s: &PoolShape, x: &[f32], out: &mut [f32], argmax: &mu
         });
 }
 
+/// Moves the running maximum to `(v, i)` when `v` is greater or NaN (PyTorch's rule), without
+/// a branch: on real-valued activations the comparison is a coin toss, and a mispredicted
+/// branch per element made this loop the slowest of a TchNet step.
+#[inline(always)]
+fn pick((best, at): (f32, u32), (v, i): (f32, u32)) -> (f32, u32) {
+    #[allow(clippy::eq_op)]
+    let take = (v > best) | (v != v);
+    (if take { v } else { best }, if take { i } else { at })
+}
+
 /// The seed models' 2x2 stride-2 pooling of one plane, with the general scan's order and rule.
 fn pool_2x2(in_w: usize, x: &[f32], out: &mut [f32], argmax: &mut [u32], ow_n: usize) {
-    for (oh, (out, argmax)) in out
-        .chunks_exact_mut(ow_n)
-        .zip(argmax.chunks_exact_mut(ow_n))
-        .enumerate()
-    {
+    for (oh, (out, argmax)) in out.chunks_exact_mut(ow_n).zip(argmax.chunks_exact_mut(ow_n)).enumerate() {
         let top = &x[2 * oh * in_w..][..in_w];
         let bottom = &x[(2 * oh + 1) * in_w..][..in_w];
         let base = (2 * oh * in_w) as u32;
+        let w = in_w as u32;
         for (ow, (o, a)) in out.iter_mut().zip(argmax.iter_mut()).enumerate() {
-            let c = 2 * ow;
-            let (mut best, mut at) = (top[c], c as u32);
-            for (v, i) in [
-                (top[c + 1], c + 1),
-                (bottom[c], in_w + c),
-                (bottom[c + 1], in_w + c + 1),
-            ] {
-                if v > best || v.is_nan() {
-                    best = v;
-                    at = i as u32;
-                }
-            }
+            let (c, ci) = (2 * ow, 2 * ow as u32);
+            let m = pick((top[c], ci), (top[c + 1], ci + 1));
+            let m = pick(m, (bottom[c], w + ci));
+            let (best, at) = pick(m, (bottom[c + 1], w + ci + 1));
             *o = best;
             *a = base + at;
         }
