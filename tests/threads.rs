@@ -2,14 +2,15 @@
 //! partition work statically (per image, per fixed group of images, per plane), so the thread
 //! count changes who computes a number, never how.
 
-use std::path::Path;
+#[path = "common/mnist.rs"]
+mod mnist;
 
 use burn::backend::Autodiff;
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{backend::Backend, Tensor};
 use ember::backend::Cpu;
 use ember::config::Recipe;
-use ember::data::{Dataset, Mnist, Source};
+use ember::data::Mnist;
 use ember::train::{init_model, train_whole_epoch, EpochEnd, Splits};
 
 struct Bits(Vec<Vec<u32>>);
@@ -47,12 +48,7 @@ fn after_three_steps(data: &Mnist, recipe: Recipe, threads: usize) -> Vec<Vec<u3
 
 #[test]
 fn one_and_two_threads_train_bit_identically() {
-    let data = Mnist::load(&Source {
-        dataset: Dataset::Mnist,
-        dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mnist"),
-        download: false,
-    })
-    .unwrap();
+    let data = mnist::load();
     for recipe in [Recipe::PytorchExample, Recipe::Tch, Recipe::Flashlight] {
         let (one, two) = (
             after_three_steps(&data, recipe, 1),

@@ -1,24 +1,19 @@
 //! Trains on real MNIST (`../shared/data/mnist`) with the default CPU backend and checks the
 //! accuracy on the full 10,000-image test set, then that a checkpoint reloads to the same result.
 
-use std::path::Path;
+#[path = "common/mnist.rs"]
+mod mnist;
 
 use burn::backend::Autodiff;
 use ember::backend::Cpu;
 use ember::checkpoint::RunDir;
 use ember::checkpoint::TrainState;
 use ember::config::Recipe;
-use ember::data::{Dataset, Mnist, Source};
 use ember::train::{evaluate, evaluate_trained, init_model, train_whole_epoch, EpochEnd, Splits};
 
 #[test]
 fn one_epoch_reaches_98_percent_and_reloads_identically() {
-    let data = Mnist::load(&Source {
-        dataset: Dataset::Mnist,
-        dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mnist"),
-        download: false,
-    })
-    .unwrap();
+    let data = mnist::load();
     let mut config = Recipe::PytorchExample.config();
     config.epochs = 1;
     // The whole training set: one epoch of the recipe must reach 98% (issue 9's bar). On 20k

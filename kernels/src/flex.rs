@@ -233,17 +233,10 @@ impl Backward<Flex, 1> for PoolBackward {
     }
 }
 
-/// `t`'s elements, contiguous, in a buffer this tensor alone owns (copied only if shared).
+/// `t`'s elements contiguous from offset 0 in a buffer of exactly their size, so that
+/// `storage_mut` addresses just them (it copies the buffer first if it is shared).
 fn owned(t: FlexTensor) -> FlexTensor {
-    let mut t = contiguous(t);
-    let full = t
-        .as_slice::<f32>()
-        .is_some_and(|s| s.len() * 4 == t.bytes().len());
-    if !full {
-        t = t.to_contiguous();
-    }
-    let _ = t.storage_mut::<f32>();
-    t
+    t.to_contiguous()
 }
 
 /// Body of [`crate::optim::update`] on flex tensors.

@@ -23,8 +23,9 @@ fn symmetric(config: &PaddingConfig2d) -> Option<[usize; 2]> {
 }
 
 fn options<B: Backend>(conv: &Conv2d<B>) -> Option<Conv2dOptions> {
-    let plain = conv.groups == 1 && conv.dilation == [1, 1];
-    plain.then_some(())?;
+    if conv.groups != 1 || conv.dilation != [1, 1] {
+        return None;
+    }
     Some(Conv2dOptions::new(
         conv.stride,
         symmetric(&conv.padding)?,

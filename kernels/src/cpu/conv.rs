@@ -12,7 +12,7 @@
 use rayon::prelude::*;
 
 use super::scratch::with_scratch;
-use super::{gemm, Gemm};
+use super::{gemm, out_len, Gemm};
 
 /// How a convolution reads outside its input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -44,28 +44,21 @@ impl ConvShape {
     /// Whether the kernels accept these shapes: non-empty, a kernel that fits the padded
     /// input, a non-zero stride, and an input to replicate from when padding replicates.
     pub fn is_valid(&self) -> bool {
-        let fits = |i: usize| {
-            self.kernel[i] >= 1
-                && self.stride[i] >= 1
-                && self.in_h_w(i) + 2 * self.padding[i] >= self.kernel[i]
-        };
-        self.in_channels > 0 && self.out_channels > 0 && self.in_h > 0 && self.in_w > 0 && fits(0) && fits(1)
-    }
-
-    fn in_h_w(&self, i: usize) -> usize {
-        if i == 0 {
-            self.in_h
-        } else {
-            self.in_w
-        }
+        let fits = |size, i: usize| out_len(size, self.kernel[i], self.stride[i], self.padding[i]).is_some();
+        self.in_channels > 0
+            && self.out_channels > 0
+            && self.in_h > 0
+            && self.in_w > 0
+            && fits(self.in_h, 0)
+            && fits(self.in_w, 1)
     }
 
     pub fn out_h(&self) -> usize {
-        (self.in_h + 2 * self.padding[0] - self.kernel[0]) / self.stride[0] + 1
+        out_len(self.in_h, self.kernel[0], self.stride[0], self.padding[0]).expect("valid conv shape")
     }
 
     pub fn out_w(&self) -> usize {
-        (self.in_w + 2 * self.padding[1] - self.kernel[1]) / self.stride[1] + 1
+        out_len(self.in_w, self.kernel[1], self.stride[1], self.padding[1]).expect("valid conv shape")
     }
 
     /// Elements of one input image.

@@ -6,6 +6,13 @@ pub mod optim;
 pub mod peak;
 pub mod pool;
 
+/// Output length of a window of `kernel` moved by `stride` over `size` padded by `pad` on each
+/// side (floor rounding), or `None` when the window does not fit or cannot move.
+pub(crate) fn out_len(size: usize, kernel: usize, stride: usize, pad: usize) -> Option<usize> {
+    let padded = size + 2 * pad;
+    (kernel >= 1 && stride >= 1 && padded >= kernel).then(|| (padded - kernel) / stride + 1)
+}
+
 /// One single-threaded GEMM on row-major slices: `dst[m, n] (+)= lhs[m, k] . rhs[k, n]`, each
 /// operand addressed through its row and column strides (a transpose is a swap of strides).
 pub(crate) struct Gemm<'a> {

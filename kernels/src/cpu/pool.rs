@@ -6,6 +6,8 @@
 
 use rayon::prelude::*;
 
+use super::out_len;
+
 /// Input `[batch, channels, in_h, in_w]`, output `[batch, channels, out_h, out_w]`; dilation 1,
 /// floor rounding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -23,11 +25,9 @@ impl PoolShape {
     /// Non-empty, a padded input the window fits, padding at most half the window (PyTorch's
     /// rule, so that every window holds an image element), and a stride.
     pub fn is_valid(&self) -> bool {
-        let ok = |size: usize, i: usize| {
-            self.kernel[i] >= 1
-                && self.stride[i] >= 1
-                && 2 * self.padding[i] <= self.kernel[i]
-                && size + 2 * self.padding[i] >= self.kernel[i]
+        let ok = |size, i: usize| {
+            2 * self.padding[i] <= self.kernel[i]
+                && out_len(size, self.kernel[i], self.stride[i], self.padding[i]).is_some()
         };
         self.batch * self.channels > 0
             && self.in_h > 0
@@ -37,11 +37,11 @@ impl PoolShape {
     }
 
     pub fn out_h(&self) -> usize {
-        (self.in_h + 2 * self.padding[0] - self.kernel[0]) / self.stride[0] + 1
+        out_len(self.in_h, self.kernel[0], self.stride[0], self.padding[0]).expect("valid pool shape")
     }
 
     pub fn out_w(&self) -> usize {
-        (self.in_w + 2 * self.padding[1] - self.kernel[1]) / self.stride[1] + 1
+        out_len(self.in_w, self.kernel[1], self.stride[1], self.padding[1]).expect("valid pool shape")
     }
 
     pub fn in_plane(&self) -> usize {
@@ -115,7 +115,11 @@ fn pick((best, at): (f32, u32), (v, i): (f32, u32)) -> (f32, u32) {
 
 /// The seed models' 2x2 stride-2 pooling of one plane, with the general scan's order and rule.
 fn pool_2x2(in_w: usize, x: &[f32], out: &mut [f32], argmax: &mut [u32], ow_n: usize) {
-    for (oh, (out, argmax)) in out.chunks_exact_mut(ow_n).zip(argmax.chunks_exact_mut(ow_n)).enumerate() {
+    for (oh, (out, argmax)) in out
+        .chunks_exact_mut(ow_n)
+        .zip(argmax.chunks_exact_mut(ow_n))
+        .enumerate()
+    {
         let top = &x[2 * oh * in_w..][..in_w];
         let bottom = &x[(2 * oh + 1) * in_w..][..in_w];
         let base = (2 * oh * in_w) as u32;
