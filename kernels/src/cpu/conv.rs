@@ -197,6 +197,34 @@ fn col2im(s: &ConvShape, col: &[f32], dx: &mut [f32]) {
     }
 }
 
+/// `dst[c, r] = src[r, c]` for a `rows x cols` row-major `src`.
+fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    const B: usize = 8;
+    let (src, dst) = (&src[..rows * cols], &mut dst[..rows * cols]);
+    let (rows_b, cols_b) = (rows / B * B, cols / B * B);
+    // Whole 8x8 tiles through a register-sized block: eight contiguous loads, eight contiguous
+    // stores.
+    for r0 in (0..rows_b).step_by(B) {
+        for c0 in (0..cols_b).step_by(B) {
+            let mut t = [[0.0f32; B]; B];
+            for (i, row) in src[r0 * cols + c0..].chunks(cols).take(B).enumerate() {
+                for (j, &v) in row[..B].iter().enumerate() {
+                    t[j][i] = v;
+                }
+            }
+            for (j, col) in t.iter().enumerate() {
+                dst[(c0 + j) * rows + r0..][..B].copy_from_slice(col);
+            }
+        }
+    }
+    for r in 0..rows {
+        let c_start = if r < rows_b { cols_b } else { 0 };
+        for c in c_start..cols {
+            dst[c * rows + r] = src[r * cols + c];
+        }
+    }
+}
+
 /// `out = conv(x, weight) + bias`.
 ///
 /// # Shapes
@@ -223,6 +251,7 @@ pub fn conv2d_forward(s: &ConvShape, x: &[f32], weight: &[f32], bias: Option<&[f
                 k: patch,
                 dst: out,
                 dst_rs: pixels,
+                dst_cs: 1,
                 accumulate: bias.is_some(),
                 lhs: weight,
                 lhs_rs: patch,
@@ -312,14 +341,18 @@ pub fn conv2d_backward(
                     }
                 }
                 if want_w {
-                    // gw[o, patch] += dy_n[o, pixels] . col[patch, pixels]^T
-                    let weight_grad = |col: &[f32], gw: &mut [f32]| {
+                    // gw^T[patch, o] += col[patch, pixels] . dy_n^T[pixels, o], computed as the
+                    // column-major product dy_n . col^T: the GEMM then reads `col` where it lies
+                    // (six sequential streams) instead of packing a transposed copy of it, and
+                    // packs only the small dy_n.
+                    let weight_grad = |col: &[f32], gw_t: &mut [f32]| {
                         gemm(Gemm {
                             m: o,
                             n: patch,
                             k: pixels,
-                            dst: gw,
-                            dst_rs: patch,
+                            dst: gw_t,
+                            dst_rs: 1,
+                            dst_cs: o,
                             accumulate: i > 0,
                             lhs: dy_n,
                             lhs_rs: pixels,
@@ -348,6 +381,7 @@ pub fn conv2d_backward(
                             k: o,
                             dst: dcol,
                             dst_rs: pixels,
+                            dst_cs: 1,
                             accumulate: false,
                             lhs: weight,
                             lhs_rs: 1,
@@ -378,12 +412,14 @@ pub fn conv2d_backward(
             s.weight_len(),
             "conv2d backward: weight gradient length"
         );
-        dw.fill(0.0);
-        for (gw, _) in &partials {
-            for (d, &v) in dw.iter_mut().zip(gw) {
+        // The groups' sums are transposed, [patch, o]: add them in group order, then transpose.
+        let mut sum_t = vec![0.0f32; s.weight_len()];
+        for (gw_t, _) in &partials {
+            for (d, &v) in sum_t.iter_mut().zip(gw_t) {
                 *d += v;
             }
         }
+        transpose(&sum_t, patch, o, dw);
     }
     if let Some(db) = dbias {
         assert_eq!(db.len(), o, "conv2d backward: bias gradient length");

@@ -21,6 +21,7 @@ pub(crate) struct Gemm<'a> {
     pub k: usize,
     pub dst: &'a mut [f32],
     pub dst_rs: usize,
+    pub dst_cs: usize,
     /// Add onto `dst` instead of overwriting it.
     pub accumulate: bool,
     pub lhs: &'a [f32],
@@ -42,7 +43,7 @@ fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
 
 pub(crate) fn gemm(g: Gemm<'_>) {
     assert!(
-        extent(g.m, g.n, g.dst_rs, 1) <= g.dst.len(),
+        extent(g.m, g.n, g.dst_rs, g.dst_cs) <= g.dst.len(),
         "gemm: dst too short"
     );
     assert!(
@@ -64,7 +65,7 @@ pub(crate) fn gemm(g: Gemm<'_>) {
             g.n,
             g.k,
             g.dst.as_mut_ptr(),
-            1,
+            g.dst_cs as isize,
             g.dst_rs as isize,
             g.accumulate,
             g.lhs.as_ptr(),
@@ -89,10 +90,10 @@ pub(crate) mod scratch {
     use std::cell::RefCell;
 
     thread_local! {
-        static SLOTS: [RefCell<Vec<f32>>; 2] = const { [RefCell::new(Vec::new()), RefCell::new(Vec::new())] };
+        static SLOTS: [RefCell<Vec<f32>>; 3] = const { [RefCell::new(Vec::new()), RefCell::new(Vec::new()), RefCell::new(Vec::new())] };
     }
 
-    /// Runs `f` on this thread's scratch buffer `slot` (0 or 1) of at least `len` elements,
+    /// Runs `f` on this thread's scratch buffer `slot` (0, 1 or 2) of at least `len` elements,
     /// kept between calls so that steady-state steps allocate nothing. Its contents are
     /// whatever the last user left.
     pub fn with_scratch<R>(slot: usize, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {

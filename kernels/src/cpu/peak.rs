@@ -26,6 +26,7 @@ pub fn gemm_peak_gflops() -> f64 {
                     k: N,
                     dst: out,
                     dst_rs: N,
+                    dst_cs: 1,
                     accumulate: false,
                     lhs: &a,
                     lhs_rs: N,
