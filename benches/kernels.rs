@@ -1,6 +1,7 @@
 //! Micro-benchmarks of ember's CPU kernels (ember-kernels) on the seed models' hot shapes at
 //! batch 64, on plain slices: `cargo bench --bench kernels`. Each convolution reports its
-//! multiply-accumulate throughput (divan's "items" are MACs: GFLOP/s = 2 x Gitem/s).
+//! multiply-accumulate throughput (divan's "items" are MACs: GFLOP/s = 2 x Gitem/s), with the
+//! ReLU fused as the models call it.
 
 use divan::counter::ItemsCount;
 use ember_kernels::cpu::conv::{conv2d_backward, conv2d_forward, ConvShape, PadMode};
@@ -73,7 +74,7 @@ fn conv2d_fwd(bencher: divan::Bencher, which: usize) {
     let mut out = vec![0.0; s.batch * s.out_image()];
     bencher
         .counter(ItemsCount::new(s.forward_macs()))
-        .bench_local(|| conv2d_forward(&s, &x, &w, Some(&b), &mut out));
+        .bench_local(|| conv2d_forward(&s, &x, &w, Some(&b), true, &mut out));
 }
 
 #[divan::bench(args = [0, 1, 2, 3], sample_count = 20)]
@@ -84,12 +85,14 @@ fn conv2d_bwd(bencher: divan::Bencher, which: usize) {
         ramp(s.weight_len()),
         ramp(s.batch * s.out_image()),
     );
+    // The fused ReLU's output: the ramp is negative about half the time, like a trained layer's.
+    let y = ramp(s.batch * s.out_image());
     let mut dx = vec![0.0; x.len()];
     let (mut dw, mut db) = (vec![0.0; w.len()], vec![0.0; s.out_channels]);
     let macs = s.forward_macs() * if input_grad { 2 } else { 1 };
     bencher.counter(ItemsCount::new(macs)).bench_local(|| {
         let dx = input_grad.then_some(&mut dx[..]);
-        conv2d_backward(&s, &x, &w, &dy, dx, Some(&mut dw), Some(&mut db))
+        conv2d_backward(&s, &x, &w, &dy, Some(&y), dx, Some(&mut dw), Some(&mut db))
     });
 }
 

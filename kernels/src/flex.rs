@@ -59,28 +59,36 @@ fn conv_out_shape(s: &ConvShape) -> [usize; 4] {
     [s.batch, s.out_channels, s.out_h(), s.out_w()]
 }
 
-fn conv_forward(x: &FlexTensor, w: &FlexTensor, b: Option<&FlexTensor>, s: &ConvShape) -> FlexTensor {
+fn conv_forward(
+    x: &FlexTensor,
+    w: &FlexTensor,
+    b: Option<&FlexTensor>,
+    s: &ConvShape,
+    relu: bool,
+) -> FlexTensor {
     let mut out = vec![0.0f32; s.batch * s.out_image()];
-    conv2d_forward(s, f32s(x), f32s(w), b.map(f32s), &mut out);
+    conv2d_forward(s, f32s(x), f32s(w), b.map(f32s), relu, &mut out);
     from_vec(out, conv_out_shape(s))
 }
 
-/// Dispatches a convolution of backend `B` (flex or autodiff flex) to the kernels.
+/// Dispatches a convolution (with its ReLU when `relu`) of backend `B` (flex or autodiff flex) to
+/// the kernels.
 pub(crate) fn conv2d<B: Backend>(
     x: Tensor<B, 4>,
     w: Tensor<B, 4>,
     b: Option<Tensor<B, 1>>,
     s: ConvShape,
+    relu: bool,
 ) -> Tensor<B, 4> {
     if is_flex::<B>() {
         let (x, w) = (contiguous(flex_prim(x)), contiguous(flex_prim(w)));
         let b = b.map(|b| contiguous(flex_prim(b)));
-        let out = conv_forward(&x, &w, b.as_ref(), &s);
+        let out = conv_forward(&x, &w, b.as_ref(), &s, relu);
         return back::<B, 4>(tensor::<Flex, 4>(out));
     }
     let (x, w) = (ad_prim(x), ad_prim(w));
     let b = b.map(ad_prim);
-    back::<B, 4>(tensor::<Ad, 4>(conv2d_autodiff(x, w, b, s)))
+    back::<B, 4>(tensor::<Ad, 4>(conv2d_autodiff(x, w, b, s, relu)))
 }
 
 fn flex_prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FlexTensor {
@@ -98,11 +106,13 @@ fn back<B: Backend, const D: usize>(t: Tensor<impl Backend, D>) -> Tensor<B, D> 
 #[derive(Debug)]
 struct ConvBackward;
 
-/// What the convolution's backward reads: its input and weight (shared, not copied).
+/// What the convolution's backward reads: its input and weight, and its output when a ReLU was
+/// fused into it (all shared, not copied).
 #[derive(Clone)]
 struct ConvState {
     x: FlexTensor,
     w: FlexTensor,
+    relu_out: Option<FlexTensor>,
     shape: ConvShape,
 }
 
@@ -118,7 +128,12 @@ impl Backward<Flex, 3> for ConvBackward {
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_x, node_w, node_b] = ops.parents;
         let dy = contiguous(grads.consume::<Flex>(&ops.node));
-        let ConvState { x, w, shape: s } = ops.state;
+        let ConvState {
+            x,
+            w,
+            relu_out,
+            shape: s,
+        } = ops.state;
         let mut dx = node_x.as_ref().map(|_| vec![0.0f32; s.batch * s.in_image()]);
         let mut dw = node_w.as_ref().map(|_| vec![0.0f32; s.weight_len()]);
         let mut db = node_b.as_ref().map(|_| vec![0.0f32; s.out_channels]);
@@ -127,6 +142,7 @@ impl Backward<Flex, 3> for ConvBackward {
             f32s(&x),
             f32s(&w),
             f32s(&dy),
+            relu_out.as_ref().map(f32s),
             dx.as_deref_mut(),
             dw.as_deref_mut(),
             db.as_deref_mut(),
@@ -146,7 +162,7 @@ impl Backward<Flex, 3> for ConvBackward {
     }
 }
 
-fn conv2d_autodiff(x: AdTensor, w: AdTensor, b: Option<AdTensor>, s: ConvShape) -> AdTensor {
+fn conv2d_autodiff(x: AdTensor, w: AdTensor, b: Option<AdTensor>, s: ConvShape, relu: bool) -> AdTensor {
     // Without a bias, a constant zero bias (no gradient is tracked for it) keeps one node type.
     let b = b.unwrap_or_else(|| AdTensor::new(from_vec(vec![0.0; s.out_channels], [s.out_channels])));
     let (xp, wp, bp) = (
@@ -154,7 +170,7 @@ fn conv2d_autodiff(x: AdTensor, w: AdTensor, b: Option<AdTensor>, s: ConvShape) 
         contiguous(w.primitive),
         contiguous(b.primitive),
     );
-    let out = conv_forward(&xp, &wp, Some(&bp), &s);
+    let out = conv_forward(&xp, &wp, Some(&bp), &s, relu);
     match ConvBackward
         .prepare::<NoCheckpointing>([x.node, w.node, b.node])
         .compute_bound()
@@ -164,6 +180,7 @@ fn conv2d_autodiff(x: AdTensor, w: AdTensor, b: Option<AdTensor>, s: ConvShape) 
             ConvState {
                 x: xp,
                 w: wp,
+                relu_out: relu.then(|| out.clone()),
                 shape: s,
             },
             out,

@@ -16,8 +16,8 @@
 use std::any::{Any, TypeId};
 
 use burn::tensor::backend::Backend;
-use burn::tensor::module;
 use burn::tensor::ops::{ConvOptions, PadMode as BurnPadMode};
+use burn::tensor::{activation, module};
 use burn::tensor::{DType, Tensor};
 
 pub mod cpu;
@@ -29,22 +29,33 @@ pub mod optim;
 pub use cpu::conv::{ConvShape, PadMode};
 pub use cpu::pool::PoolShape;
 
-/// Stride and symmetric padding of a 2-D convolution (dilation 1, one group).
+/// Stride and symmetric padding of a 2-D convolution (dilation 1, one group), and whether a
+/// ReLU follows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Conv2dOptions {
     pub stride: [usize; 2],
     /// Pixels added before and after, per dimension.
     pub padding: [usize; 2],
     pub mode: PadMode,
+    /// Apply a ReLU to the output. The kernels fuse it: no separate pass and tensor forward,
+    /// and the mask is applied inside the convolution's backward.
+    pub relu: bool,
 }
 
 impl Conv2dOptions {
+    /// Without a ReLU.
     pub fn new(stride: [usize; 2], padding: [usize; 2], mode: PadMode) -> Self {
         Self {
             stride,
             padding,
             mode,
+            relu: false,
         }
+    }
+
+    /// The same convolution followed by a ReLU.
+    pub fn with_relu(self) -> Self {
+        Self { relu: true, ..self }
     }
 }
 
@@ -128,7 +139,7 @@ fn conv_shape<B: Backend>(
 }
 
 /// `conv2d(x, weight) + bias`, like `torch.nn.functional.conv2d` (with `padding_mode` folded
-/// in).
+/// in), then `relu` if `options.relu`.
 ///
 /// # Shapes
 /// - `x`: `[batch, in_channels, h, w]`
@@ -144,14 +155,14 @@ pub fn conv2d<B: Backend>(
     #[cfg(feature = "flex")]
     if uses_cpu_kernels::<B>() {
         if let Some(shape) = conv_shape(&x, &weight, options) {
-            return flex::conv2d(x, weight, bias, shape);
+            return flex::conv2d(x, weight, bias, shape, options.relu);
         }
     }
     conv2d_stock(x, weight, bias, options)
 }
 
 /// [`conv2d`] through burn's own ops: replicate padding as an explicit `pad`, then burn's
-/// convolution.
+/// convolution, then burn's ReLU when asked.
 pub fn conv2d_stock<B: Backend>(
     x: Tensor<B, 4>,
     weight: Tensor<B, 4>,
@@ -163,12 +174,17 @@ pub fn conv2d_stock<B: Backend>(
         PadMode::Zeros => (x, options.padding),
         PadMode::Replicate => (x.pad([(ph, ph), (pw, pw)], BurnPadMode::Edge), [0, 0]),
     };
-    module::conv2d(
+    let y = module::conv2d(
         x,
         weight,
         bias,
         ConvOptions::new(options.stride, padding, [1, 1], 1),
-    )
+    );
+    if options.relu {
+        activation::relu(y)
+    } else {
+        y
+    }
 }
 
 /// Max pooling (dilation 1, floor rounding, `-inf` padding), like

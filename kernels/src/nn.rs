@@ -7,7 +7,7 @@ use burn::nn::conv::Conv2d;
 use burn::nn::pool::MaxPool2d;
 use burn::nn::PaddingConfig2d;
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
+use burn::tensor::{activation, Tensor};
 
 use crate::{Conv2dOptions, PadMode};
 
@@ -39,10 +39,16 @@ fn options<B: Backend>(conv: &Conv2d<B>) -> Option<Conv2dOptions> {
 /// - `x`: `[batch, in_channels, h, w]`
 /// - output: `[batch, out_channels, h_out, w_out]`
 pub fn conv2d<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
-    match options(conv) {
-        Some(options) => crate::conv2d(x, conv.weight.val(), conv.bias.as_ref().map(|b| b.val()), options),
-        None => conv.forward(x),
-    }
+    apply(conv, x, None, false)
+}
+
+/// `relu(conv.forward(x))` with the ReLU fused into the convolution on the kernels.
+///
+/// # Shapes
+/// - `x`: `[batch, in_channels, h, w]`
+/// - output: `[batch, out_channels, h_out, w_out]`
+pub fn conv2d_relu<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
+    apply(conv, x, None, true)
 }
 
 /// `conv.forward` on `x` padded by `pad` pixels on every side with copies of its border, like
@@ -53,24 +59,49 @@ pub fn conv2d<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
 /// - `x`: `[batch, in_channels, h, w]`
 /// - output: `[batch, out_channels, (h + 2 * pad - kh) / sh + 1, (w + 2 * pad - kw) / sw + 1]`
 pub fn conv2d_replicate<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>, pad: usize) -> Tensor<B, 4> {
-    assert_eq!(
-        symmetric(&conv.padding),
-        Some([0, 0]),
-        "conv2d_replicate: the convolution must be configured with Valid padding"
-    );
-    match options(conv) {
-        Some(options) => crate::conv2d(
-            x,
-            conv.weight.val(),
-            conv.bias.as_ref().map(|b| b.val()),
-            Conv2dOptions {
-                padding: [pad, pad],
-                mode: PadMode::Replicate,
-                ..options
-            },
-        ),
-        None => conv.forward(x.pad([(pad, pad), (pad, pad)], burn::tensor::ops::PadMode::Edge)),
+    apply(conv, x, Some(pad), false)
+}
+
+/// [`conv2d_replicate`] followed by a ReLU, fused on the kernels.
+///
+/// # Shapes
+/// As [`conv2d_replicate`].
+pub fn conv2d_replicate_relu<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>, pad: usize) -> Tensor<B, 4> {
+    apply(conv, x, Some(pad), true)
+}
+
+/// `conv` on `x` (replicate-padded by `replicate` pixels when given), then a ReLU when `relu`.
+fn apply<B: Backend>(
+    conv: &Conv2d<B>,
+    x: Tensor<B, 4>,
+    replicate: Option<usize>,
+    relu: bool,
+) -> Tensor<B, 4> {
+    if replicate.is_some() {
+        assert_eq!(
+            symmetric(&conv.padding),
+            Some([0, 0]),
+            "conv2d_replicate: the convolution must be configured with Valid padding"
+        );
     }
+    let Some(options) = options(conv) else {
+        let x = match replicate {
+            Some(pad) => x.pad([(pad, pad), (pad, pad)], burn::tensor::ops::PadMode::Edge),
+            None => x,
+        };
+        let y = conv.forward(x);
+        return if relu { activation::relu(y) } else { y };
+    };
+    let options = match replicate {
+        Some(pad) => Conv2dOptions {
+            padding: [pad, pad],
+            mode: PadMode::Replicate,
+            ..options
+        },
+        None => options,
+    };
+    let options = if relu { options.with_relu() } else { options };
+    crate::conv2d(x, conv.weight.val(), conv.bias.as_ref().map(|b| b.val()), options)
 }
 
 /// `pool.forward(x)`, through [`crate::max_pool2d`].

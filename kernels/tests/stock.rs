@@ -1,7 +1,8 @@
 //! The kernels against burn's stock ops: forward and every gradient of the convolution and the
 //! max pooling on `Autodiff<Flex>` (the kernels) versus the same ops on `Autodiff<NdArray<f64>>`
 //! (burn's stock ops in double precision), over a property-based sweep of shapes: batch 1, odd
-//! sizes, strides 1-2, padding 0-2, zero and replicate padding, kernels 1x1 to 5x5.
+//! sizes, strides 1-2, padding 0-2, zero and replicate padding, kernels 1x1 to 5x5, with and
+//! without the fused ReLU.
 //!
 //! Error measure: max |got - want| / max |want| over the tensor, at most 1e-5.
 #![cfg(feature = "flex")]
@@ -66,6 +67,7 @@ struct ConvCase {
     padding: [usize; 2],
     mode: PadMode,
     bias: bool,
+    relu: bool,
 }
 
 fn conv_case() -> impl Strategy<Value = ConvCase> {
@@ -73,11 +75,16 @@ fn conv_case() -> impl Strategy<Value = ConvCase> {
         (1usize..4, 1usize..6, 1usize..7),
         (1usize..6, 1usize..6, 0usize..3, 0usize..3),
         (1usize..3, 1usize..3, 0usize..3, 0usize..3),
-        (prop::bool::ANY, prop::bool::ANY),
+        (prop::bool::ANY, prop::bool::ANY, prop::bool::ANY),
     )
         .prop_filter_map(
             "kernel must fit the padded input",
-            |((batch, in_channels, out_channels), (kh, kw, dh, dw), (sh, sw, ph, pw), (replicate, bias))| {
+            |(
+                (batch, in_channels, out_channels),
+                (kh, kw, dh, dw),
+                (sh, sw, ph, pw),
+                (replicate, bias, relu),
+            )| {
                 let (h, w) = (kh + dh + 1, kw + dw + 2);
                 let case = ConvCase {
                     batch,
@@ -94,6 +101,7 @@ fn conv_case() -> impl Strategy<Value = ConvCase> {
                         PadMode::Zeros
                     },
                     bias,
+                    relu,
                 };
                 (h + 2 * ph >= kh && w + 2 * pw >= kw).then_some(case)
             },
@@ -112,6 +120,7 @@ fn check_conv(case: &ConvCase, seed: u64) {
         ..
     } = *case;
     let options = Conv2dOptions::new(case.stride, case.padding, case.mode);
+    let options = if case.relu { options.with_relu() } else { options };
     let (x, x_ref) = same([batch, in_channels, h, w], seed);
     let (wt, wt_ref) = same([out_channels, in_channels, kernel[0], kernel[1]], seed + 1);
     let (b, b_ref) = same([out_channels], seed + 2);
@@ -189,6 +198,7 @@ fn seed_model_layers_match_burn() {
         padding: [p, p],
         mode,
         bias: true,
+        relu: true,
     };
     for (i, case) in [
         layer(1, 32, 28, 3, 0, PadMode::Zeros, 64),

@@ -61,11 +61,12 @@ impl<B: Backend> Classifier<B> for FlashlightCnn<B> {
     /// - `images`: `[batch, 1, 28, 28]`
     /// - output: `[batch, num_classes]`, logits
     fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
-        // Replicate padding is folded into the convolution: no padded copy of the input.
-        let x = nn::conv2d_replicate(&self.conv1, images, 2); // [batch, 32, 28, 28]
-        let x = nn::max_pool2d(&self.pool, self.activation.forward(x)); // [batch, 32, 14, 14]
-        let x = nn::conv2d_replicate(&self.conv2, x, 2); // [batch, 64, 14, 14]
-        let x = nn::max_pool2d(&self.pool, self.activation.forward(x)); // [batch, 64, 7, 7]
+        // Replicate padding and the ReLU are folded into the convolution: no padded copy of the
+        // input, no separate activation pass.
+        let x = nn::conv2d_replicate_relu(&self.conv1, images, 2); // [batch, 32, 28, 28]
+        let x = nn::max_pool2d(&self.pool, x); // [batch, 32, 14, 14]
+        let x = nn::conv2d_replicate_relu(&self.conv2, x, 2); // [batch, 64, 14, 14]
+        let x = nn::max_pool2d(&self.pool, x); // [batch, 64, 7, 7]
         let x = x.flatten::<2>(1, 3); // [batch, 3136]
         let x = self.activation.forward(self.fc1.forward(x)); // [batch, 1024]
         let x = self.dropout.forward(x);

@@ -56,8 +56,8 @@ impl<B: Backend> Classifier<B> for PytorchExampleNet<B> {
     /// - `images`: `[batch, 1, 28, 28]`
     /// - output: `[batch, num_classes]`, log-probabilities
     fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
-        let x = self.activation.forward(nn::conv2d(&self.conv1, images)); // [batch, 32, 26, 26]
-        let x = self.activation.forward(nn::conv2d(&self.conv2, x)); // [batch, 64, 24, 24]
+        let x = nn::conv2d_relu(&self.conv1, images); // [batch, 32, 26, 26]
+        let x = nn::conv2d_relu(&self.conv2, x); // [batch, 64, 24, 24]
         let x = nn::max_pool2d(&self.pool, x); // [batch, 64, 12, 12]
         let x = self.dropout1.forward(x);
         let x = x.flatten::<2>(1, 3); // [batch, 9216]

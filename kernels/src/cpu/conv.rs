@@ -225,14 +225,22 @@ fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
     }
 }
 
-/// `out = conv(x, weight) + bias`.
+/// `out = conv(x, weight) + bias`, then `max(out, 0)` when `relu` (NaN stays NaN, as in burn's and
+/// PyTorch's ReLU), applied per image while it is still in cache.
 ///
 /// # Shapes
 /// - `x`: `[batch, in_channels, in_h, in_w]`
 /// - `weight`: `[out_channels, in_channels, kh, kw]`
 /// - `bias`: `[out_channels]`
 /// - `out`: `[batch, out_channels, out_h, out_w]`, overwritten
-pub fn conv2d_forward(s: &ConvShape, x: &[f32], weight: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
+pub fn conv2d_forward(
+    s: &ConvShape,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+    out: &mut [f32],
+) {
     assert!(s.is_valid(), "conv2d: invalid shapes {s:?}");
     assert_eq!(x.len(), s.batch * s.in_image(), "conv2d: input length");
     assert_eq!(weight.len(), s.weight_len(), "conv2d: weight length");
@@ -269,10 +277,30 @@ pub fn conv2d_forward(s: &ConvShape, x: &[f32], weight: &[f32], bias: Option<&[f
                 product(col, out);
             });
         }
+        if relu {
+            for v in out.iter_mut() {
+                // `<=` keeps NaN, like burn's `mask_fill(x <= 0, 0)`; a select, so it vectorises.
+                *v = if *v <= 0.0 { 0.0 } else { *v };
+            }
+        }
     };
     x.par_chunks(s.in_image())
         .zip(out.par_chunks_mut(s.out_image()))
         .for_each(image);
+}
+
+/// `row`'s sum in `f64`, in sixteen interleaved partial sums so that it vectorises.
+fn sum_f64(row: &[f32]) -> f64 {
+    const LANES: usize = 16;
+    let mut acc = [0.0f64; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let rest: f64 = chunks.remainder().iter().map(|&v| v as f64).sum();
+    for chunk in chunks {
+        for (a, &v) in acc.iter_mut().zip(chunk) {
+            *a += v as f64;
+        }
+    }
+    acc.iter().sum::<f64>() + rest
 }
 
 /// Images per group in the weight and bias gradients: a function of the shapes only, never of
@@ -284,17 +312,21 @@ fn images_per_group(s: &ConvShape) -> usize {
 }
 
 /// Gradients of [`conv2d_forward`] with respect to the input, the weight and the bias, each
-/// computed only when its buffer is given (all are overwritten).
+/// computed only when its buffer is given (all are overwritten). `relu_out` is the forward's
+/// output when it applied the ReLU: `dy` then passes only where that output is not `<= 0` (burn's
+/// and PyTorch's ReLU backward).
 ///
 /// # Shapes
 /// - `x`: `[batch, in_channels, in_h, in_w]`, `weight`: `[out_channels, in_channels, kh, kw]`
-/// - `dy`: `[batch, out_channels, out_h, out_w]`
+/// - `dy`, `relu_out`: `[batch, out_channels, out_h, out_w]`
 /// - `dx`: like `x`, `dweight`: like `weight`, `dbias`: `[out_channels]`
+#[allow(clippy::too_many_arguments)]
 pub fn conv2d_backward(
     s: &ConvShape,
     x: &[f32],
     weight: &[f32],
     dy: &[f32],
+    relu_out: Option<&[f32]>,
     dx: Option<&mut [f32]>,
     dweight: Option<&mut [f32]>,
     dbias: Option<&mut [f32]>,
@@ -307,6 +339,9 @@ pub fn conv2d_backward(
         s.batch * s.out_image(),
         "conv2d backward: output gradient length"
     );
+    if let Some(y) = relu_out {
+        assert_eq!(y.len(), dy.len(), "conv2d backward: ReLU output length");
+    }
     let (patch, pixels, o) = (s.patch(), s.pixels(), s.out_channels);
     let (want_w, want_b) = (dweight.is_some(), dbias.is_some());
     let per = images_per_group(s);
@@ -335,72 +370,84 @@ pub fn conv2d_backward(
                 let n = first + i;
                 let x_n = &x[n * s.in_image()..][..s.in_image()];
                 let dy_n = &dy[n * s.out_image()..][..s.out_image()];
-                if want_b {
-                    for (b, row) in gb.iter_mut().zip(dy_n.chunks_exact(pixels)) {
-                        *b += row.iter().map(|&v| v as f64).sum::<f64>();
-                    }
-                }
-                if want_w {
-                    // gw^T[patch, o] += col[patch, pixels] . dy_n^T[pixels, o], computed as the
-                    // column-major product dy_n . col^T: the GEMM then reads `col` where it lies
-                    // (six sequential streams) instead of packing a transposed copy of it, and
-                    // packs only the small dy_n.
-                    let weight_grad = |col: &[f32], gw_t: &mut [f32]| {
-                        gemm(Gemm {
-                            m: o,
-                            n: patch,
-                            k: pixels,
-                            dst: gw_t,
-                            dst_rs: 1,
-                            dst_cs: o,
-                            accumulate: i > 0,
-                            lhs: dy_n,
-                            lhs_rs: pixels,
-                            lhs_cs: 1,
-                            rhs: col,
-                            rhs_rs: 1,
-                            rhs_cs: pixels,
-                        })
+                with_scratch(2, if relu_out.is_some() { dy_n.len() } else { 0 }, |masked| {
+                    let dy_n = match relu_out {
+                        Some(y) => {
+                            let y_n = &y[n * s.out_image()..][..s.out_image()];
+                            for ((m, &d), &y) in masked.iter_mut().zip(dy_n).zip(y_n) {
+                                *m = if y <= 0.0 { 0.0 } else { d };
+                            }
+                            &*masked
+                        }
+                        None => dy_n,
                     };
-                    if s.is_pointwise() {
-                        weight_grad(x_n, &mut gw);
-                    } else {
-                        with_scratch(0, patch * pixels, |col| {
-                            im2col(s, x_n, col);
-                            weight_grad(col, &mut gw);
-                        });
+                    if want_b {
+                        for (b, row) in gb.iter_mut().zip(dy_n.chunks_exact(pixels)) {
+                            *b += sum_f64(row);
+                        }
                     }
-                }
-                if let Some(dx) = dx.as_deref_mut() {
-                    let dx_n = &mut dx[i * s.in_image()..][..s.in_image()];
-                    // dcol[patch, pixels] = weight[o, patch]^T . dy_n[o, pixels]
-                    let input_grad = |dcol: &mut [f32]| {
-                        gemm(Gemm {
-                            m: patch,
-                            n: pixels,
-                            k: o,
-                            dst: dcol,
-                            dst_rs: pixels,
-                            dst_cs: 1,
-                            accumulate: false,
-                            lhs: weight,
-                            lhs_rs: 1,
-                            lhs_cs: patch,
-                            rhs: dy_n,
-                            rhs_rs: pixels,
-                            rhs_cs: 1,
-                        })
-                    };
-                    if s.is_pointwise() {
-                        input_grad(dx_n);
-                    } else {
-                        with_scratch(1, patch * pixels, |dcol| {
-                            input_grad(dcol);
-                            dx_n.fill(0.0);
-                            col2im(s, dcol, dx_n);
-                        });
+                    if want_w {
+                        // gw^T[patch, o] += col[patch, pixels] . dy_n^T[pixels, o], computed as the
+                        // column-major product dy_n . col^T: the GEMM then reads `col` where it lies
+                        // (six sequential streams) instead of packing a transposed copy of it, and
+                        // packs only the small dy_n.
+                        let weight_grad = |col: &[f32], gw_t: &mut [f32]| {
+                            gemm(Gemm {
+                                m: o,
+                                n: patch,
+                                k: pixels,
+                                dst: gw_t,
+                                dst_rs: 1,
+                                dst_cs: o,
+                                accumulate: i > 0,
+                                lhs: dy_n,
+                                lhs_rs: pixels,
+                                lhs_cs: 1,
+                                rhs: col,
+                                rhs_rs: 1,
+                                rhs_cs: pixels,
+                            })
+                        };
+                        if s.is_pointwise() {
+                            weight_grad(x_n, &mut gw);
+                        } else {
+                            with_scratch(0, patch * pixels, |col| {
+                                im2col(s, x_n, col);
+                                weight_grad(col, &mut gw);
+                            });
+                        }
                     }
-                }
+                    if let Some(dx) = dx.as_deref_mut() {
+                        let dx_n = &mut dx[i * s.in_image()..][..s.in_image()];
+                        // dcol[patch, pixels] = weight[o, patch]^T . dy_n[o, pixels]
+                        let input_grad = |dcol: &mut [f32]| {
+                            gemm(Gemm {
+                                m: patch,
+                                n: pixels,
+                                k: o,
+                                dst: dcol,
+                                dst_rs: pixels,
+                                dst_cs: 1,
+                                accumulate: false,
+                                lhs: weight,
+                                lhs_rs: 1,
+                                lhs_cs: patch,
+                                rhs: dy_n,
+                                rhs_rs: pixels,
+                                rhs_cs: 1,
+                            })
+                        };
+                        if s.is_pointwise() {
+                            input_grad(dx_n);
+                        } else {
+                            with_scratch(1, patch * pixels, |dcol| {
+                                input_grad(dcol);
+                                dx_n.fill(0.0);
+                                col2im(s, dcol, dx_n);
+                            });
+                        }
+                    }
+                });
             }
             (gw, gb)
         })
@@ -498,7 +545,7 @@ mod tests {
             .collect();
         let b = [0.5f32, -1.0, 0.25, 2.0];
         let mut out = vec![f32::NAN; s.batch * s.out_image()];
-        conv2d_forward(&s, &x, &w, Some(&b), &mut out);
+        conv2d_forward(&s, &x, &w, Some(&b), false, &mut out);
         for (got, want) in out.iter().zip(reference(&s, &x, &w, &b)) {
             assert!(
                 (*got as f64 - want).abs() <= 1e-4 * want.abs().max(1.0),
