@@ -14,7 +14,9 @@ use burn::tensor::backend::Backend;
 use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 
+use crate::cpu;
 use crate::cpu::conv::{conv2d_backward, conv2d_forward, ConvShape};
+use crate::cpu::linear::LinearShape;
 use crate::cpu::pool::{max_pool2d_backward, max_pool2d_forward, PoolShape};
 use crate::{cast, same_type};
 
@@ -186,6 +188,117 @@ fn conv2d_autodiff(x: AdTensor, w: AdTensor, b: Option<AdTensor>, s: ConvShape, 
             out,
         ),
         OpsKind::UnTracked(prep) => prep.finish(out),
+    }
+}
+
+fn linear_forward(
+    x: &FlexTensor,
+    w: &FlexTensor,
+    b: Option<&FlexTensor>,
+    s: &LinearShape,
+    relu: bool,
+) -> FlexTensor {
+    let mut y = vec![0.0f32; s.batch * s.outputs];
+    cpu::linear::linear_forward(s, f32s(x), f32s(w), b.map(f32s), relu, &mut y);
+    from_vec(y, [s.batch, s.outputs])
+}
+
+/// Dispatches a fully connected layer (with its ReLU when `relu`) of backend `B` (flex or
+/// autodiff flex) to the kernels.
+pub(crate) fn linear<B: Backend>(
+    x: Tensor<B, 2>,
+    w: Tensor<B, 2>,
+    b: Option<Tensor<B, 1>>,
+    s: LinearShape,
+    relu: bool,
+) -> Tensor<B, 2> {
+    if is_flex::<B>() {
+        let (x, w) = (contiguous(flex_prim(x)), contiguous(flex_prim(w)));
+        let b = b.map(|b| contiguous(flex_prim(b)));
+        return back::<B, 2>(tensor::<Flex, 2>(linear_forward(&x, &w, b.as_ref(), &s, relu)));
+    }
+    let (x, w) = (ad_prim(x), ad_prim(w));
+    // Without a bias, a constant zero bias (no gradient is tracked for it) keeps one node type.
+    let b = b
+        .map(ad_prim)
+        .unwrap_or_else(|| AdTensor::new(from_vec(vec![0.0; s.outputs], [s.outputs])));
+    let (xp, wp, bp) = (
+        contiguous(x.primitive),
+        contiguous(w.primitive),
+        contiguous(b.primitive),
+    );
+    let y = linear_forward(&xp, &wp, Some(&bp), &s, relu);
+    let y = match LinearBackward
+        .prepare::<NoCheckpointing>([x.node, w.node, b.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(
+            LinearState {
+                x: xp,
+                w: wp,
+                relu_out: relu.then(|| y.clone()),
+                shape: s,
+            },
+            y,
+        ),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    back::<B, 2>(tensor::<Ad, 2>(y))
+}
+
+#[derive(Debug)]
+struct LinearBackward;
+
+/// What the fully connected layer's backward reads (shared, not copied).
+#[derive(Clone)]
+struct LinearState {
+    x: FlexTensor,
+    w: FlexTensor,
+    relu_out: Option<FlexTensor>,
+    shape: LinearShape,
+}
+
+impl fmt::Debug for LinearState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LinearState({:?})", self.shape)
+    }
+}
+
+impl Backward<Flex, 3> for LinearBackward {
+    type State = LinearState;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_w, node_b] = ops.parents;
+        let dy = contiguous(grads.consume::<Flex>(&ops.node));
+        let LinearState {
+            x,
+            w,
+            relu_out,
+            shape: s,
+        } = ops.state;
+        let mut dx = node_x.as_ref().map(|_| vec![0.0f32; s.batch * s.inputs]);
+        let mut dw = node_w.as_ref().map(|_| vec![0.0f32; s.inputs * s.outputs]);
+        let mut db = node_b.as_ref().map(|_| vec![0.0f32; s.outputs]);
+        cpu::linear::linear_backward(
+            &s,
+            f32s(&x),
+            f32s(&w),
+            f32s(&dy),
+            relu_out.as_ref().map(f32s),
+            dx.as_deref_mut(),
+            dw.as_deref_mut(),
+            db.as_deref_mut(),
+        );
+        if let (Some(node), Some(dx)) = (node_x, dx) {
+            grads.register::<Flex>(node.id, from_vec(dx, [s.batch, s.inputs]));
+        }
+        if let (Some(node), Some(dw)) = (node_w, dw) {
+            grads.register::<Flex>(node.id, from_vec(dw, [s.inputs, s.outputs]));
+        }
+        if let (Some(node), Some(db)) = (node_b, db) {
+            grads.register::<Flex>(node.id, from_vec(db, [s.outputs]));
+        }
     }
 }
 

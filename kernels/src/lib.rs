@@ -27,6 +27,7 @@ pub mod nn;
 pub mod optim;
 
 pub use cpu::conv::{ConvShape, PadMode};
+pub use cpu::linear::LinearShape;
 pub use cpu::pool::PoolShape;
 
 /// Stride and symmetric padding of a 2-D convolution (dilation 1, one group), and whether a
@@ -181,6 +182,48 @@ pub fn conv2d_stock<B: Backend>(
         ConvOptions::new(options.stride, padding, [1, 1], 1),
     );
     if options.relu {
+        activation::relu(y)
+    } else {
+        y
+    }
+}
+
+/// `x . weight + bias` in burn's `Linear` layout (`weight` is `[inputs, outputs]`; PyTorch's is
+/// its transpose), then a ReLU when `relu` (fused on the kernels).
+///
+/// # Shapes
+/// - `x`: `[batch, inputs]`, `weight`: `[inputs, outputs]`, `bias`: `[outputs]`
+/// - output: `[batch, outputs]`
+pub fn linear<B: Backend>(
+    x: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    relu: bool,
+) -> Tensor<B, 2> {
+    #[cfg(feature = "flex")]
+    if uses_cpu_kernels::<B>() && x.dtype() == DType::F32 && weight.dtype() == DType::F32 {
+        let ([batch, inputs], [weight_in, outputs]) = (x.dims(), weight.dims());
+        let shape = LinearShape {
+            batch,
+            inputs,
+            outputs,
+        };
+        if weight_in == inputs && shape.is_valid() {
+            return flex::linear(x, weight, bias, shape, relu);
+        }
+    }
+    linear_stock(x, weight, bias, relu)
+}
+
+/// [`linear`] through burn's own ops.
+pub fn linear_stock<B: Backend>(
+    x: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    bias: Option<Tensor<B, 1>>,
+    relu: bool,
+) -> Tensor<B, 2> {
+    let y = module::linear(x, weight, bias);
+    if relu {
         activation::relu(y)
     } else {
         y

@@ -5,6 +5,7 @@
 
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::MaxPool2d;
+use burn::nn::Linear;
 use burn::nn::PaddingConfig2d;
 use burn::tensor::backend::Backend;
 use burn::tensor::{activation, Tensor};
@@ -102,6 +103,23 @@ fn apply<B: Backend>(
     };
     let options = if relu { options.with_relu() } else { options };
     crate::conv2d(x, conv.weight.val(), conv.bias.as_ref().map(|b| b.val()), options)
+}
+
+/// `layer.forward(x)`, through [`crate::linear`].
+///
+/// # Shapes
+/// - `x`: `[batch, inputs]`
+/// - output: `[batch, outputs]`
+pub fn linear<B: Backend>(layer: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    crate::linear(x, layer.weight.val(), layer.bias.as_ref().map(|b| b.val()), false)
+}
+
+/// `relu(layer.forward(x))` with the ReLU fused on the kernels.
+///
+/// # Shapes
+/// As [`linear`].
+pub fn linear_relu<B: Backend>(layer: &Linear<B>, x: Tensor<B, 2>) -> Tensor<B, 2> {
+    crate::linear(x, layer.weight.val(), layer.bias.as_ref().map(|b| b.val()), true)
 }
 
 /// `pool.forward(x)`, through [`crate::max_pool2d`].

@@ -2,7 +2,7 @@
 //! max pooling on `Autodiff<Flex>` (the kernels) versus the same ops on `Autodiff<NdArray<f64>>`
 //! (burn's stock ops in double precision), over a property-based sweep of shapes: batch 1, odd
 //! sizes, strides 1-2, padding 0-2, zero and replicate padding, kernels 1x1 to 5x5, with and
-//! without the fused ReLU.
+//! without the fused ReLU; and the fully connected layer likewise.
 //!
 //! Error measure: max |got - want| / max |want| over the tensor, at most 1e-5.
 #![cfg(feature = "flex")]
@@ -10,7 +10,9 @@
 use burn::backend::{Autodiff, Flex, NdArray};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
-use ember_kernels::{conv2d, conv2d_stock, max_pool2d, uses_cpu_kernels, Conv2dOptions, PadMode};
+use ember_kernels::{
+    conv2d, conv2d_stock, linear, linear_stock, max_pool2d, uses_cpu_kernels, Conv2dOptions, PadMode,
+};
 use proptest::prelude::*;
 
 type Fast = Autodiff<Flex>;
@@ -180,6 +182,71 @@ proptest! {
         let grads_ref = (y_ref.clone() * r_ref.detach()).sum().backward();
         assert_close("max_pool2d output", values(y), values(y_ref));
         assert_close("max_pool2d d input", values(x.grad(&grads).unwrap()), values(x_ref.grad(&grads_ref).unwrap()));
+    }
+}
+
+fn check_linear(batch: usize, inputs: usize, outputs: usize, bias: bool, relu: bool, seed: u64) {
+    assert!(uses_cpu_kernels::<Fast>());
+    let what = format!("linear {batch}x{inputs} -> {outputs} bias {bias} relu {relu}");
+    let (x, x_ref) = same([batch, inputs], seed);
+    let (w, w_ref) = same([inputs, outputs], seed + 1);
+    let (b, b_ref) = same([outputs], seed + 2);
+    let (b, b_ref) = if bias {
+        (Some(b), Some(b_ref))
+    } else {
+        (None, None)
+    };
+    let y = linear(x.clone(), w.clone(), b.clone(), relu);
+    let y_ref = linear_stock(x_ref.clone(), w_ref.clone(), b_ref.clone(), relu);
+    let (r, r_ref) = same(y.dims(), seed + 3);
+    let grads = (y.clone() * r.detach()).sum().backward();
+    let grads_ref = (y_ref.clone() * r_ref.detach()).sum().backward();
+    assert_close(&format!("{what} output"), values(y), values(y_ref));
+    assert_close(
+        &format!("{what} d input"),
+        values(x.grad(&grads).unwrap()),
+        values(x_ref.grad(&grads_ref).unwrap()),
+    );
+    assert_close(
+        &format!("{what} d weight"),
+        values(w.grad(&grads).unwrap()),
+        values(w_ref.grad(&grads_ref).unwrap()),
+    );
+    if let (Some(b), Some(b_ref)) = (b, b_ref) {
+        assert_close(
+            &format!("{what} d bias"),
+            values(b.grad(&grads).unwrap()),
+            values(b_ref.grad(&grads_ref).unwrap()),
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 100, ..ProptestConfig::default() })]
+
+    /// Sizes up to 300 inputs cross the kernels' 16-wide, 64-minimum block boundaries.
+    #[test]
+    fn linear_forward_and_gradients_match_burn(
+        batch in 1usize..9, inputs in 1usize..300, outputs in 1usize..40,
+        bias in prop::bool::ANY, relu in prop::bool::ANY, seed in 0u64..1000,
+    ) {
+        check_linear(batch, inputs, outputs, bias, relu, seed);
+    }
+}
+
+/// The seed models' fully connected layers at batch 64.
+#[test]
+fn seed_model_linear_layers_match_burn() {
+    for (i, &(inputs, outputs, relu)) in [
+        (9216, 128, true),
+        (128, 10, false),
+        (3136, 1024, true),
+        (1024, 10, false),
+    ]
+    .iter()
+    .enumerate()
+    {
+        check_linear(64, inputs, outputs, true, relu, i as u64);
     }
 }
 

@@ -30,6 +30,8 @@ pub struct FlashlightCnn<B: Backend> {
     pub fc1: Linear<B>,
     pub dropout: Dropout,
     pub fc2: Linear<B>,
+    /// The ReLUs, applied fused with the layers they follow (`nn::*_relu`); a field so that
+    /// records keep the layout they had.
     pub activation: Relu,
 }
 
@@ -68,9 +70,9 @@ impl<B: Backend> Classifier<B> for FlashlightCnn<B> {
         let x = nn::conv2d_replicate_relu(&self.conv2, x, 2); // [batch, 64, 14, 14]
         let x = nn::max_pool2d(&self.pool, x); // [batch, 64, 7, 7]
         let x = x.flatten::<2>(1, 3); // [batch, 3136]
-        let x = self.activation.forward(self.fc1.forward(x)); // [batch, 1024]
+        let x = nn::linear_relu(&self.fc1, x); // [batch, 1024]
         let x = self.dropout.forward(x);
-        self.fc2.forward(x) // [batch, num_classes]
+        nn::linear(&self.fc2, x) // [batch, num_classes]
     }
 
     fn output(&self) -> Output {

@@ -20,6 +20,8 @@ pub struct TchNet<B: Backend> {
     pub fc1: Linear<B>,
     pub dropout2: Dropout,
     pub fc2: Linear<B>,
+    /// The ReLUs, applied fused with the layers they follow (`nn::*_relu`); a field so that
+    /// records keep the layout they had.
     pub activation: Relu,
 }
 
@@ -58,9 +60,9 @@ impl<B: Backend> Classifier<B> for TchNet<B> {
         let x = nn::max_pool2d(&self.pool, x); // [batch, 64, 12, 12]
         let x = self.dropout1.forward(x);
         let x = x.flatten::<2>(1, 3); // [batch, 9216]
-        let x = self.activation.forward(self.fc1.forward(x)); // [batch, 128]
+        let x = nn::linear_relu(&self.fc1, x); // [batch, 128]
         let x = self.dropout2.forward(x);
-        self.fc2.forward(x) // [batch, num_classes]
+        nn::linear(&self.fc2, x) // [batch, num_classes]
     }
 
     fn output(&self) -> Output {

@@ -12,7 +12,7 @@
 use rayon::prelude::*;
 
 use super::scratch::with_scratch;
-use super::{gemm, out_len, Gemm};
+use super::{gemm, out_len, transpose, Gemm};
 
 /// How a convolution reads outside its input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -197,32 +197,18 @@ fn col2im(s: &ConvShape, col: &[f32], dx: &mut [f32]) {
     }
 }
 
-/// `dst[c, r] = src[r, c]` for a `rows x cols` row-major `src`.
-fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
-    const B: usize = 8;
-    let (src, dst) = (&src[..rows * cols], &mut dst[..rows * cols]);
-    let (rows_b, cols_b) = (rows / B * B, cols / B * B);
-    // Whole 8x8 tiles through a register-sized block: eight contiguous loads, eight contiguous
-    // stores.
-    for r0 in (0..rows_b).step_by(B) {
-        for c0 in (0..cols_b).step_by(B) {
-            let mut t = [[0.0f32; B]; B];
-            for (i, row) in src[r0 * cols + c0..].chunks(cols).take(B).enumerate() {
-                for (j, &v) in row[..B].iter().enumerate() {
-                    t[j][i] = v;
-                }
-            }
-            for (j, col) in t.iter().enumerate() {
-                dst[(c0 + j) * rows + r0..][..B].copy_from_slice(col);
-            }
-        }
-    }
-    for r in 0..rows {
-        let c_start = if r < rows_b { cols_b } else { 0 };
-        for c in c_start..cols {
-            dst[c * rows + r] = src[r * cols + c];
-        }
-    }
+/// Output channels per forward GEMM call. gemm computes `out^T = col^T . weight^T` and reads
+/// `col` in place, without packing a copy of it, when `col`'s rows are a whole number of
+/// 16-float vectors and the call has at most 8 x 6 = 48 output channels (gemm-common's
+/// single-thread LHS packing threshold times its microkernel width): the forward is then
+/// im2col plus FMAs, with no second pass over the unfolded image.
+const UNPACKED_COLS: usize = 48;
+
+/// `[0, len)` as consecutive `(start, len)` blocks of at most `max` and near-equal sizes.
+fn blocks(len: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
+    let count = len.div_ceil(max).max(1);
+    let (base, extra) = (len / count, len % count);
+    (0..count).map(move |i| (i * base + i.min(extra), base + usize::from(i < extra)))
 }
 
 /// `out = conv(x, weight) + bias`, then `max(out, 0)` when `relu` (NaN stays NaN, as in burn's and
@@ -253,21 +239,28 @@ pub fn conv2d_forward(
             }
         }
         let product = |col: &[f32], out: &mut [f32]| {
-            gemm(Gemm {
-                m: s.out_channels,
-                n: pixels,
-                k: patch,
-                dst: out,
-                dst_rs: pixels,
-                dst_cs: 1,
-                accumulate: bias.is_some(),
-                lhs: weight,
-                lhs_rs: patch,
-                lhs_cs: 1,
-                rhs: col,
-                rhs_rs: pixels,
-                rhs_cs: 1,
-            })
+            for (o0, on) in blocks(s.out_channels, UNPACKED_COLS) {
+                for (p0, pn) in [(0, pixels / 16 * 16), (pixels / 16 * 16, pixels % 16)] {
+                    if pn == 0 {
+                        continue;
+                    }
+                    gemm(Gemm {
+                        m: on,
+                        n: pn,
+                        k: patch,
+                        dst: &mut out[o0 * pixels + p0..],
+                        dst_rs: pixels,
+                        dst_cs: 1,
+                        accumulate: bias.is_some(),
+                        lhs: &weight[o0 * patch..],
+                        lhs_rs: patch,
+                        lhs_cs: 1,
+                        rhs: &col[p0..],
+                        rhs_rs: pixels,
+                        rhs_cs: 1,
+                    })
+                }
+            }
         };
         if s.is_pointwise() {
             product(x, out);

@@ -2,6 +2,7 @@
 //! tested and benchmarked alone.
 
 pub mod conv;
+pub mod linear;
 pub mod optim;
 pub mod peak;
 pub mod pool;
@@ -83,6 +84,29 @@ pub(crate) fn gemm(g: Gemm<'_>) {
             // image's arithmetic independent of the thread count and avoids nested rayon.
             gemm::Parallelism::None,
         )
+    }
+}
+
+/// `dst[c, r] = src[r, c]` for a `rows x cols` row-major `src`: sixteen source rows at a time,
+/// so each destination write is sixteen contiguous floats and the sixteen reads per column
+/// come from lines already in cache.
+pub(crate) fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    const B: usize = 16;
+    let (src, dst) = (&src[..rows * cols], &mut dst[..rows * cols]);
+    let whole = rows / B * B;
+    for r0 in (0..whole).step_by(B) {
+        let block = &src[r0 * cols..(r0 + B) * cols];
+        for c in 0..cols {
+            let d = &mut dst[c * rows + r0..][..B];
+            for (i, v) in d.iter_mut().enumerate() {
+                *v = block[i * cols + c];
+            }
+        }
+    }
+    for r in whole..rows {
+        for c in 0..cols {
+            dst[c * rows + r] = src[r * cols + c];
+        }
     }
 }
 

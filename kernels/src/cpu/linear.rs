@@ -1,0 +1,318 @@
+//! Fully connected layer `y = x . w + b` on contiguous row-major `f32` buffers, in burn's `Linear`
+//! layout (`w` is `[inputs, outputs]`), and its gradients.
+//!
+//! Each product is cut into at most [`BLOCKS`] independent single-threaded GEMMs whose bounds
+//! depend only on the shapes, and blocks that add into one output are summed in block order, so
+//! the results are bit-identical for any thread count. The GEMMs read `w` and its transpose
+//! where they lie (gemm packs what it must), instead of materialising transposed copies.
+
+use rayon::prelude::*;
+
+use super::scratch::with_scratch;
+use super::{gemm, transpose, Gemm};
+
+/// Blocks per product: enough for any core count this targets, few enough that each GEMM stays
+/// large.
+const BLOCKS: usize = 16;
+
+/// The shapes of one fully connected layer: input `[batch, inputs]`, weight `[inputs, outputs]`,
+/// output `[batch, outputs]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct LinearShape {
+    pub batch: usize,
+    pub inputs: usize,
+    pub outputs: usize,
+}
+
+impl LinearShape {
+    pub fn is_valid(&self) -> bool {
+        self.batch > 0 && self.inputs > 0 && self.outputs > 0
+    }
+
+    /// Multiply-accumulates of the forward pass.
+    pub fn forward_macs(&self) -> usize {
+        self.batch * self.inputs * self.outputs
+    }
+}
+
+/// `[0, len)` in at most `BLOCKS` consecutive `(start, len)` blocks, each a multiple of `align`
+/// long except the last, and none shorter than `min` unless `len` is.
+fn split(len: usize, align: usize, min: usize) -> Vec<(usize, usize)> {
+    let count = (len / min.max(1)).clamp(1, BLOCKS);
+    let size = len.div_ceil(count).next_multiple_of(align).max(align);
+    (0..len)
+        .step_by(size)
+        .map(|start| (start, size.min(len - start)))
+        .collect()
+}
+
+/// `y = x . w + b`, then `max(y, 0)` when `relu` (NaN stays NaN, as in burn's ReLU).
+///
+/// The inner dimension is split into blocks (split-K) whose partial products are added in block
+/// order: the weight, the largest operand, is then read once, by every thread in parallel.
+///
+/// # Shapes
+/// - `x`: `[batch, inputs]`, `w`: `[inputs, outputs]`, `b`: `[outputs]`
+/// - `y`: `[batch, outputs]`, overwritten
+pub fn linear_forward(s: &LinearShape, x: &[f32], w: &[f32], b: Option<&[f32]>, relu: bool, y: &mut [f32]) {
+    assert!(s.is_valid(), "linear: invalid shapes {s:?}");
+    assert_eq!(x.len(), s.batch * s.inputs, "linear: input length");
+    assert_eq!(w.len(), s.inputs * s.outputs, "linear: weight length");
+    assert_eq!(y.len(), s.batch * s.outputs, "linear: output length");
+    let (n, k) = (s.outputs, s.inputs);
+    let blocks = split(k, 16, 128);
+    let partial = |&(k0, kn): &(usize, usize), dst: &mut [f32]| {
+        gemm(Gemm {
+            m: s.batch,
+            n,
+            k: kn,
+            dst,
+            dst_rs: n,
+            dst_cs: 1,
+            accumulate: false,
+            lhs: &x[k0..],
+            lhs_rs: k,
+            lhs_cs: 1,
+            rhs: &w[k0 * n..],
+            rhs_rs: n,
+            rhs_cs: 1,
+        })
+    };
+    if blocks.len() == 1 {
+        partial(&blocks[0], y);
+    } else {
+        let partials: Vec<Vec<f32>> = blocks
+            .par_iter()
+            .map(|block| {
+                let mut dst = vec![0.0f32; y.len()];
+                partial(block, &mut dst);
+                dst
+            })
+            .collect();
+        y.copy_from_slice(&partials[0]);
+        for p in &partials[1..] {
+            for (d, &v) in y.iter_mut().zip(p) {
+                *d += v;
+            }
+        }
+    }
+    for row in y.chunks_exact_mut(n) {
+        if let Some(b) = b {
+            for (v, &b) in row.iter_mut().zip(b) {
+                *v += b;
+            }
+        }
+        if relu {
+            for v in row.iter_mut() {
+                // `<=` keeps NaN, like burn's `mask_fill(x <= 0, 0)`; a select, so it vectorises.
+                *v = if *v <= 0.0 { 0.0 } else { *v };
+            }
+        }
+    }
+}
+
+/// Gradients of [`linear_forward`] with respect to the input, the weight and the bias, each
+/// computed only when its buffer is given (all are overwritten). `relu_out` is the forward's
+/// output when it applied the ReLU: `dy` then passes only where that output is not `<= 0`.
+///
+/// # Shapes
+/// - `x`: `[batch, inputs]`, `w`: `[inputs, outputs]`, `dy`, `relu_out`: `[batch, outputs]`
+/// - `dx`: like `x`, `dw`: like `w`, `db`: `[outputs]`
+#[allow(clippy::too_many_arguments)]
+pub fn linear_backward(
+    s: &LinearShape,
+    x: &[f32],
+    w: &[f32],
+    dy: &[f32],
+    relu_out: Option<&[f32]>,
+    dx: Option<&mut [f32]>,
+    dw: Option<&mut [f32]>,
+    db: Option<&mut [f32]>,
+) {
+    assert!(s.is_valid(), "linear backward: invalid shapes {s:?}");
+    assert_eq!(x.len(), s.batch * s.inputs, "linear backward: input length");
+    assert_eq!(w.len(), s.inputs * s.outputs, "linear backward: weight length");
+    assert_eq!(
+        dy.len(),
+        s.batch * s.outputs,
+        "linear backward: output gradient length"
+    );
+    let (n, k) = (s.outputs, s.inputs);
+    with_scratch(2, if relu_out.is_some() { dy.len() } else { 0 }, |masked| {
+        let dy = match relu_out {
+            Some(y) => {
+                assert_eq!(y.len(), dy.len(), "linear backward: ReLU output length");
+                for ((m, &d), &y) in masked.iter_mut().zip(dy).zip(y) {
+                    *m = if y <= 0.0 { 0.0 } else { d };
+                }
+                &*masked
+            }
+            None => dy,
+        };
+        if let Some(db) = db {
+            assert_eq!(db.len(), n, "linear backward: bias gradient length");
+            let mut sum = vec![0.0f64; n];
+            for row in dy.chunks_exact(n) {
+                for (a, &v) in sum.iter_mut().zip(row) {
+                    *a += v as f64;
+                }
+            }
+            for (d, v) in db.iter_mut().zip(sum) {
+                *d = v as f32;
+            }
+        }
+        // Both products are cut along `inputs`: dx's columns, dw's rows.
+        let blocks = split(k, 16, 64);
+        if let Some(dx) = dx {
+            assert_eq!(dx.len(), x.len(), "linear backward: input gradient length");
+            // dx[:, block] = dy . w[block, :]^T, each block into its own buffer (the blocks are
+            // column ranges of dx), then copied into place. gemm would pack w[block, :]^T with a
+            // gather down its columns, slower than transposing the block first.
+            let parts: Vec<Vec<f32>> = blocks
+                .par_iter()
+                .map(|&(k0, kn)| {
+                    let mut part = vec![0.0f32; s.batch * kn];
+                    with_scratch(1, kn * n, |w_t| {
+                        transpose(&w[k0 * n..(k0 + kn) * n], kn, n, w_t);
+                        gemm(Gemm {
+                            m: s.batch,
+                            n: kn,
+                            k: n,
+                            dst: &mut part,
+                            dst_rs: kn,
+                            dst_cs: 1,
+                            accumulate: false,
+                            lhs: dy,
+                            lhs_rs: n,
+                            lhs_cs: 1,
+                            rhs: w_t,
+                            rhs_rs: kn,
+                            rhs_cs: 1,
+                        })
+                    });
+                    part
+                })
+                .collect();
+            for (part, &(k0, kn)) in parts.iter().zip(&blocks) {
+                for (dst, src) in dx.chunks_exact_mut(k).zip(part.chunks_exact(kn)) {
+                    dst[k0..k0 + kn].copy_from_slice(src);
+                }
+            }
+        }
+        if let Some(dw) = dw {
+            assert_eq!(dw.len(), w.len(), "linear backward: weight gradient length");
+            // dw[block, :] = x[:, block]^T . dy: contiguous row ranges of dw.
+            dw.par_chunks_mut(blocks[0].1 * n)
+                .zip(&blocks)
+                .for_each(|(dst, &(k0, kn))| {
+                    gemm(Gemm {
+                        m: kn,
+                        n,
+                        k: s.batch,
+                        dst,
+                        dst_rs: n,
+                        dst_cs: 1,
+                        accumulate: false,
+                        lhs: &x[k0..],
+                        lhs_rs: 1,
+                        lhs_cs: k,
+                        rhs: dy,
+                        rhs_rs: n,
+                        rhs_cs: 1,
+                    })
+                });
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_covers_the_range_in_aligned_blocks() {
+        for len in [1, 15, 16, 100, 128, 3136, 9216] {
+            for (align, min) in [(16, 64), (16, 128), (1, 1)] {
+                let blocks = split(len, align, min);
+                assert!(blocks.len() <= BLOCKS);
+                let mut next = 0;
+                for (i, &(start, n)) in blocks.iter().enumerate() {
+                    assert_eq!(start, next);
+                    assert!(n > 0);
+                    if i + 1 < blocks.len() {
+                        assert_eq!(n % align, 0, "len {len} align {align}");
+                    }
+                    next += n;
+                }
+                assert_eq!(next, len);
+            }
+        }
+    }
+
+    /// `y = relu(x . w + b)` and its gradients against the definition in f64, with a batch and
+    /// sizes that leave partial blocks.
+    #[test]
+    fn matches_the_definition() {
+        let s = LinearShape {
+            batch: 3,
+            inputs: 37,
+            outputs: 5,
+        };
+        let val = |i: usize, m: usize| ((i * m) % 23) as f32 / 11.0 - 1.0;
+        let x: Vec<f32> = (0..s.batch * s.inputs).map(|i| val(i, 7919)).collect();
+        let w: Vec<f32> = (0..s.inputs * s.outputs).map(|i| val(i, 104729)).collect();
+        let b: Vec<f32> = (0..s.outputs).map(|i| val(i, 31)).collect();
+        let dy: Vec<f32> = (0..s.batch * s.outputs).map(|i| val(i, 17)).collect();
+        let mut y = vec![f32::NAN; s.batch * s.outputs];
+        linear_forward(&s, &x, &w, Some(&b), true, &mut y);
+        let mut want = vec![0.0f64; y.len()];
+        for r in 0..s.batch {
+            for o in 0..s.outputs {
+                let z = b[o] as f64
+                    + (0..s.inputs)
+                        .map(|i| x[r * s.inputs + i] as f64 * w[i * s.outputs + o] as f64)
+                        .sum::<f64>();
+                want[r * s.outputs + o] = z.max(0.0);
+            }
+        }
+        for (g, w) in y.iter().zip(&want) {
+            assert!((*g as f64 - w).abs() < 1e-5, "{g} vs {w}");
+        }
+        let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; w.len()], vec![0.0; s.outputs]);
+        linear_backward(
+            &s,
+            &x,
+            &w,
+            &dy,
+            Some(&y),
+            Some(&mut dx),
+            Some(&mut dw),
+            Some(&mut db),
+        );
+        let g: Vec<f64> = dy
+            .iter()
+            .zip(&want)
+            .map(|(&d, &y)| if y > 0.0 { d as f64 } else { 0.0 })
+            .collect();
+        for r in 0..s.batch {
+            for i in 0..s.inputs {
+                let want: f64 = (0..s.outputs)
+                    .map(|o| g[r * s.outputs + o] * w[i * s.outputs + o] as f64)
+                    .sum();
+                assert!((dx[r * s.inputs + i] as f64 - want).abs() < 1e-5);
+            }
+        }
+        for i in 0..s.inputs {
+            for o in 0..s.outputs {
+                let want: f64 = (0..s.batch)
+                    .map(|r| x[r * s.inputs + i] as f64 * g[r * s.outputs + o])
+                    .sum();
+                assert!((dw[i * s.outputs + o] as f64 - want).abs() < 1e-5);
+            }
+        }
+        for o in 0..s.outputs {
+            let want: f64 = (0..s.batch).map(|r| g[r * s.outputs + o]).sum();
+            assert!((db[o] as f64 - want).abs() < 1e-5);
+        }
+    }
+}
