@@ -96,57 +96,98 @@ impl ConvShape {
     }
 }
 
-/// The output columns `[lo, hi)` of one kernel offset whose input column lies inside the
-/// image; columns before `lo` read left of it, from `hi` on right of it.
-fn inside(out: usize, size: usize, stride: usize, offset: usize, pad: usize) -> (usize, usize) {
-    // Input coordinate of output o: o * stride + offset - pad.
-    let first = pad.saturating_sub(offset).div_ceil(stride).min(out);
-    let end = (size + pad)
-        .saturating_sub(offset)
-        .div_ceil(stride)
-        .clamp(first, out);
-    (first, end)
+/// Height and width of the input plus its padding on both sides.
+fn padded_size(s: &ConvShape) -> (usize, usize) {
+    (s.in_h + 2 * s.padding[0], s.in_w + 2 * s.padding[1])
 }
 
-/// The input row read by output row `oh` at kernel row `kh`, or `None` in zero padding.
-fn input_row(s: &ConvShape, oh: usize, kh: usize) -> Option<usize> {
-    let ih = (oh * s.stride[0] + kh) as isize - s.padding[0] as isize;
-    match s.mode {
-        PadMode::Zeros => (0..s.in_h as isize).contains(&ih).then_some(ih as usize),
-        PadMode::Replicate => Some(ih.clamp(0, s.in_h as isize - 1) as usize),
+/// The input coordinate that padded coordinate `p` reads, or `None` in zero padding.
+fn source(p: usize, pad: usize, size: usize, mode: PadMode) -> Option<usize> {
+    let i = p as isize - pad as isize;
+    match mode {
+        PadMode::Zeros => (0..size as isize).contains(&i).then_some(i as usize),
+        PadMode::Replicate => Some(i.clamp(0, size as isize - 1) as usize),
     }
+}
+
+/// Copies `src` into `dst` (same length) in 8-float blocks: the rows here are 7 to 30 floats,
+/// too short for a `memcpy` call to pay off.
+#[inline(always)]
+fn copy_row(dst: &mut [f32], src: &[f32]) {
+    assert_eq!(dst.len(), src.len(), "copy_row: lengths");
+    let (mut d, mut s) = (dst.chunks_exact_mut(8), src.chunks_exact(8));
+    for (d, s) in (&mut d).zip(&mut s) {
+        d.copy_from_slice(s);
+    }
+    for (d, &s) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *d = s;
+    }
+}
+
+/// `dst += src` (same length).
+#[inline(always)]
+fn add_row(dst: &mut [f32], src: &[f32]) {
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d += s;
+    }
+}
+
+/// The image `[in_channels, in_h, in_w]` with its padding made explicit, `[in_channels, in_h + 2 *
+/// ph, in_w + 2 * pw]`: zeros or copies of the border. One small copy per image, after which
+/// unfolding needs no bounds logic.
+fn pad_image(s: &ConvShape, x: &[f32], padded: &mut [f32]) {
+    let (ph_n, pw_n) = padded_size(s);
+    for (plane, dst) in x
+        .chunks_exact(s.in_h * s.in_w)
+        .zip(padded.chunks_exact_mut(ph_n * pw_n))
+    {
+        for (r, row) in dst.chunks_exact_mut(pw_n).enumerate() {
+            let Some(ih) = source(r, s.padding[0], s.in_h, s.mode) else {
+                row.fill(0.0);
+                continue;
+            };
+            let src = &plane[ih * s.in_w..][..s.in_w];
+            let pw = s.padding[1];
+            let (left, right) = match s.mode {
+                PadMode::Zeros => (0.0, 0.0),
+                PadMode::Replicate => (src[0], src[s.in_w - 1]),
+            };
+            row[..pw].fill(left);
+            row[pw + s.in_w..].fill(right);
+            copy_row(&mut row[pw..pw + s.in_w], src);
+        }
+    }
+}
+
+/// Runs `f` on the image with explicit padding (`x` itself when there is none).
+fn with_padded<R>(s: &ConvShape, x: &[f32], f: impl FnOnce(&[f32]) -> R) -> R {
+    if s.padding == [0, 0] {
+        return f(x);
+    }
+    let (ph_n, pw_n) = padded_size(s);
+    with_scratch(3, s.in_channels * ph_n * pw_n, |padded| {
+        pad_image(s, x, padded);
+        f(padded)
+    })
 }
 
 #[inline(never)]
 /// Unfolds one image `[in_channels, in_h, in_w]` into `col`, `[patch, pixels]`.
 fn im2col(s: &ConvShape, x: &[f32], col: &mut [f32]) {
-    let (oh_n, ow_n, [kh_n, kw_n], sw) = (s.out_h(), s.out_w(), s.kernel, s.stride[1]);
-    let pixels = oh_n * ow_n;
-    let mut rows = col.chunks_exact_mut(pixels);
-    for c in 0..s.in_channels {
-        let plane = &x[c * s.in_h * s.in_w..][..s.in_h * s.in_w];
-        for kh in 0..kh_n {
-            for kw in 0..kw_n {
-                let row = rows.next().expect("col holds patch rows");
-                let (lo, hi) = inside(ow_n, s.in_w, sw, kw, s.padding[1]);
-                for (oh, dst) in row.chunks_exact_mut(ow_n).enumerate() {
-                    let Some(ih) = input_row(s, oh, kh) else {
-                        dst.fill(0.0);
-                        continue;
-                    };
-                    let src = &plane[ih * s.in_w..][..s.in_w];
-                    let (left, right) = match s.mode {
-                        PadMode::Zeros => (0.0, 0.0),
-                        PadMode::Replicate => (src[0], src[s.in_w - 1]),
-                    };
-                    dst[..lo].fill(left);
-                    dst[hi..].fill(right);
-                    if lo < hi {
-                        let start = lo * sw + kw - s.padding[1];
+    let (oh_n, ow_n, [kh_n, kw_n], [sh, sw]) = (s.out_h(), s.out_w(), s.kernel, s.stride);
+    let (ph_n, pw_n) = padded_size(s);
+    with_padded(s, x, |padded| {
+        let mut rows = col.chunks_exact_mut(oh_n * ow_n);
+        for plane in padded.chunks_exact(ph_n * pw_n) {
+            for kh in 0..kh_n {
+                for kw in 0..kw_n {
+                    let row = rows.next().expect("col holds patch rows");
+                    for (oh, dst) in row.chunks_exact_mut(ow_n).enumerate() {
+                        let src = &plane[(oh * sh + kh) * pw_n + kw..];
                         if sw == 1 {
-                            dst[lo..hi].copy_from_slice(&src[start..start + hi - lo]);
+                            copy_row(dst, &src[..ow_n]);
                         } else {
-                            for (d, &v) in dst[lo..hi].iter_mut().zip(src[start..].iter().step_by(sw)) {
+                            for (d, &v) in dst.iter_mut().zip(src.iter().step_by(sw)) {
                                 *d = v;
                             }
                         }
@@ -154,39 +195,29 @@ fn im2col(s: &ConvShape, x: &[f32], col: &mut [f32]) {
                 }
             }
         }
-    }
+    })
 }
 
 #[inline(never)]
-/// Adds `col`, `[patch, pixels]`, back onto the image it was unfolded from (`dx` is not
-/// cleared): the adjoint of [`im2col`].
+/// Adds `col`, `[patch, pixels]`, back onto the image it was unfolded from (`dx` is
+/// overwritten): the adjoint of [`im2col`]. Folds into a padded image first, then adds the
+/// padding's share onto the pixels it copied (replicate) or drops it (zeros).
 fn col2im(s: &ConvShape, col: &[f32], dx: &mut [f32]) {
-    let (oh_n, ow_n, [kh_n, kw_n], sw) = (s.out_h(), s.out_w(), s.kernel, s.stride[1]);
-    let pixels = oh_n * ow_n;
-    let mut rows = col.chunks_exact(pixels);
-    for c in 0..s.in_channels {
-        let plane = &mut dx[c * s.in_h * s.in_w..][..s.in_h * s.in_w];
-        for kh in 0..kh_n {
-            for kw in 0..kw_n {
-                let row = rows.next().expect("col holds patch rows");
-                let (lo, hi) = inside(ow_n, s.in_w, sw, kw, s.padding[1]);
-                for (oh, src) in row.chunks_exact(ow_n).enumerate() {
-                    let Some(ih) = input_row(s, oh, kh) else {
-                        continue;
-                    };
-                    let dst = &mut plane[ih * s.in_w..][..s.in_w];
-                    if s.mode == PadMode::Replicate {
-                        dst[0] += src[..lo].iter().sum::<f32>();
-                        dst[s.in_w - 1] += src[hi..].iter().sum::<f32>();
-                    }
-                    if lo < hi {
-                        let start = lo * sw + kw - s.padding[1];
+    let (oh_n, ow_n, [kh_n, kw_n], [sh, sw]) = (s.out_h(), s.out_w(), s.kernel, s.stride);
+    let (ph_n, pw_n) = padded_size(s);
+    let fold = |padded: &mut [f32]| {
+        padded.fill(0.0);
+        let mut rows = col.chunks_exact(oh_n * ow_n);
+        for plane in padded.chunks_exact_mut(ph_n * pw_n) {
+            for kh in 0..kh_n {
+                for kw in 0..kw_n {
+                    let row = rows.next().expect("col holds patch rows");
+                    for (oh, src) in row.chunks_exact(ow_n).enumerate() {
+                        let dst = &mut plane[(oh * sh + kh) * pw_n + kw..];
                         if sw == 1 {
-                            for (d, &v) in dst[start..start + hi - lo].iter_mut().zip(&src[lo..hi]) {
-                                *d += v;
-                            }
+                            add_row(&mut dst[..ow_n], src);
                         } else {
-                            for (d, &v) in dst[start..].iter_mut().step_by(sw).zip(&src[lo..hi]) {
+                            for (d, &v) in dst.iter_mut().step_by(sw).zip(src) {
                                 *d += v;
                             }
                         }
@@ -194,7 +225,40 @@ fn col2im(s: &ConvShape, col: &[f32], dx: &mut [f32]) {
                 }
             }
         }
+    };
+    if s.padding == [0, 0] {
+        fold(dx);
+        return;
     }
+    with_scratch(3, s.in_channels * ph_n * pw_n, |padded| {
+        fold(padded);
+        let [ph, pw] = s.padding;
+        for (plane, dst) in padded
+            .chunks_exact(ph_n * pw_n)
+            .zip(dx.chunks_exact_mut(s.in_h * s.in_w))
+        {
+            for ih in 0..s.in_h {
+                copy_row(
+                    &mut dst[ih * s.in_w..][..s.in_w],
+                    &plane[(ih + ph) * pw_n + pw..][..s.in_w],
+                );
+            }
+            if s.mode == PadMode::Replicate {
+                // Every padded position outside the image read the nearest border pixel.
+                for r in 0..ph_n {
+                    let ih = source(r, ph, s.in_h, s.mode).expect("replicate reads every row");
+                    let inside_row = (ph..ph + s.in_h).contains(&r);
+                    for q in 0..pw_n {
+                        if inside_row && (pw..pw + s.in_w).contains(&q) {
+                            continue;
+                        }
+                        let iw = source(q, pw, s.in_w, s.mode).expect("replicate reads every column");
+                        dst[ih * s.in_w + iw] += plane[r * pw_n + q];
+                    }
+                }
+            }
+        }
+    });
 }
 
 /// Output channels per forward GEMM call. gemm computes `out^T = col^T . weight^T` and reads
@@ -547,24 +611,35 @@ mod tests {
         }
     }
 
+    /// col2im is the adjoint of im2col: <im2col(x), c> = <x, col2im(c)> for any x and c, with
+    /// zero and replicate padding and strides 1 and 2.
     #[test]
-    fn inside_range_covers_exactly_the_in_image_columns() {
-        for size in 1..6 {
-            for stride in 1..4 {
-                for pad in 0..3 {
-                    for offset in 0..(size + 2 * pad).min(5) {
-                        let out = (size + 2 * pad - offset - 1) / stride + 1;
-                        let (lo, hi) = inside(out, size, stride, offset, pad);
-                        for o in 0..out {
-                            let i = (o * stride + offset) as isize - pad as isize;
-                            let ok = (0..size as isize).contains(&i);
-                            assert_eq!(
-                                ok,
-                                (lo..hi).contains(&o),
-                                "size {size} stride {stride} pad {pad} offset {offset} o {o}"
-                            );
-                        }
-                    }
+    fn col2im_is_the_adjoint_of_im2col() {
+        for mode in [PadMode::Zeros, PadMode::Replicate] {
+            for stride in [1, 2] {
+                for padding in [0, 1, 2] {
+                    let s = ConvShape {
+                        batch: 1,
+                        in_channels: 2,
+                        in_h: 5,
+                        in_w: 7,
+                        out_channels: 1,
+                        kernel: [3, 2],
+                        stride: [stride, stride],
+                        padding: [padding, padding],
+                        mode,
+                    };
+                    let x: Vec<f32> = (0..s.in_image()).map(|i| ((i * 37) % 11) as f32 - 5.0).collect();
+                    let c: Vec<f32> = (0..s.patch() * s.pixels())
+                        .map(|i| ((i * 53) % 13) as f32 - 6.0)
+                        .collect();
+                    let mut col = vec![f32::NAN; c.len()];
+                    im2col(&s, &x, &mut col);
+                    let mut dx = vec![f32::NAN; x.len()];
+                    col2im(&s, &c, &mut dx);
+                    let lhs: f64 = col.iter().zip(&c).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    let rhs: f64 = x.iter().zip(&dx).map(|(&a, &b)| a as f64 * b as f64).sum();
+                    assert_eq!(lhs, rhs, "{s:?}");
                 }
             }
         }

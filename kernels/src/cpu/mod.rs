@@ -114,10 +114,10 @@ pub(crate) mod scratch {
     use std::cell::RefCell;
 
     thread_local! {
-        static SLOTS: [RefCell<Vec<f32>>; 3] = const { [RefCell::new(Vec::new()), RefCell::new(Vec::new()), RefCell::new(Vec::new())] };
+        static SLOTS: [RefCell<Vec<f32>>; 4] = const { [const { RefCell::new(Vec::new()) }; 4] };
     }
 
-    /// Runs `f` on this thread's scratch buffer `slot` (0, 1 or 2) of at least `len` elements,
+    /// Runs `f` on this thread's scratch buffer `slot` (0 to 3) of at least `len` elements,
     /// kept between calls so that steady-state steps allocate nothing. Its contents are
     /// whatever the last user left.
     pub fn with_scratch<R>(slot: usize, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
