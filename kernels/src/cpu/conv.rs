@@ -268,11 +268,10 @@ fn col2im(s: &ConvShape, col: &[f32], dx: &mut [f32]) {
 /// im2col plus FMAs, with no second pass over the unfolded image.
 const UNPACKED_COLS: usize = 48;
 
-/// `[0, len)` as consecutive `(start, len)` blocks of at most `max` and near-equal sizes.
-fn blocks(len: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
-    let count = len.div_ceil(max).max(1);
-    let (base, extra) = (len / count, len % count);
-    (0..count).map(move |i| (i * base + i.min(extra), base + usize::from(i < extra)))
+/// `[0, len)` as consecutive `(start, len)` blocks of `size` and a shorter last one. `size` a
+/// multiple of gemm's 6-column microkernel leaves at most one narrow edge tile per row of tiles.
+fn blocks(len: usize, size: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..len).step_by(size).map(move |start| (start, size.min(len - start)))
 }
 
 /// `out = conv(x, weight) + bias`, then `max(out, 0)` when `relu` (NaN stays NaN, as in burn's and
@@ -499,7 +498,6 @@ pub fn conv2d_backward(
                         } else {
                             with_scratch(1, patch * pixels, |dcol| {
                                 input_grad(dcol);
-                                dx_n.fill(0.0);
                                 col2im(s, dcol, dx_n);
                             });
                         }
