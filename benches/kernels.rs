@@ -5,6 +5,7 @@
 
 use divan::counter::ItemsCount;
 use ember_kernels::cpu::conv::{conv2d_backward, conv2d_forward, ConvShape, PadMode};
+use ember_kernels::cpu::linear::{linear_backward, linear_forward, LinearShape};
 use ember_kernels::cpu::optim::{update, Rule};
 use ember_kernels::cpu::pool::{max_pool2d_backward, max_pool2d_forward, PoolShape};
 
@@ -94,6 +95,63 @@ fn conv2d_bwd(bencher: divan::Bencher, which: usize) {
         let dx = input_grad.then_some(&mut dx[..]);
         conv2d_backward(&s, &x, &w, &dy, Some(&y), dx, Some(&mut dw), Some(&mut db))
     });
+}
+
+/// The seed models' fully connected layers at batch 64: (name, inputs, outputs, ReLU after).
+const LINEARS: [(&str, usize, usize, bool); 3] = [
+    ("net.fc1 9216->128", 9216, 128, true),
+    ("flash.fc1 3136->1024", 3136, 1024, true),
+    ("flash.fc2 1024->10", 1024, 10, false),
+];
+
+fn linear_shape(which: usize) -> LinearShape {
+    let (_, inputs, outputs, _) = LINEARS[which];
+    LinearShape {
+        batch: 64,
+        inputs,
+        outputs,
+    }
+}
+
+#[divan::bench(args = [0, 1, 2], sample_count = 20)]
+fn linear_fwd(bencher: divan::Bencher, which: usize) {
+    let (s, relu) = (linear_shape(which), LINEARS[which].3);
+    let (x, w, b) = (
+        ramp(s.batch * s.inputs),
+        ramp(s.inputs * s.outputs),
+        ramp(s.outputs),
+    );
+    let mut y = vec![0.0; s.batch * s.outputs];
+    bencher
+        .counter(ItemsCount::new(s.forward_macs()))
+        .bench_local(|| linear_forward(&s, &x, &w, Some(&b), relu, &mut y));
+}
+
+/// Input, weight and bias gradients (fc1's input is a hidden layer's, so it needs one).
+#[divan::bench(args = [0, 1, 2], sample_count = 20)]
+fn linear_bwd(bencher: divan::Bencher, which: usize) {
+    let (s, relu) = (linear_shape(which), LINEARS[which].3);
+    let (x, w, dy, y) = (
+        ramp(s.batch * s.inputs),
+        ramp(s.inputs * s.outputs),
+        ramp(s.batch * s.outputs),
+        ramp(s.batch * s.outputs),
+    );
+    let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; w.len()], vec![0.0; s.outputs]);
+    bencher
+        .counter(ItemsCount::new(2 * s.forward_macs()))
+        .bench_local(|| {
+            linear_backward(
+                &s,
+                &x,
+                &w,
+                &dy,
+                relu.then_some(&y[..]),
+                Some(&mut dx),
+                Some(&mut dw),
+                Some(&mut db),
+            )
+        });
 }
 
 const POOLS: [(usize, usize, usize); 4] = [(64, 64, 24), (64, 32, 28), (64, 64, 14), (256, 64, 24)];

@@ -271,7 +271,9 @@ const UNPACKED_COLS: usize = 48;
 /// `[0, len)` as consecutive `(start, len)` blocks of `size` and a shorter last one. `size` a
 /// multiple of gemm's 6-column microkernel leaves at most one narrow edge tile per row of tiles.
 fn blocks(len: usize, size: usize) -> impl Iterator<Item = (usize, usize)> {
-    (0..len).step_by(size).map(move |start| (start, size.min(len - start)))
+    (0..len)
+        .step_by(size)
+        .map(move |start| (start, size.min(len - start)))
 }
 
 /// `out = conv(x, weight) + bias`, then `max(out, 0)` when `relu` (NaN stays NaN, as in burn's and

@@ -15,6 +15,12 @@ use super::{gemm, transpose, Gemm};
 /// large.
 const BLOCKS: usize = 16;
 
+/// From this many outputs on, the input gradient transposes each weight block before its GEMM:
+/// gemm would pack `w[block, :]^T` by gathering down its columns, one row of `w` (4 KiB and
+/// more) per element, which measured ~1.6x slower for flashlight's 3136x1024 fc1; for net's
+/// 9216x128 (512-byte rows) gemm's own packing measured faster than the transpose.
+const TRANSPOSE_FROM: usize = 512;
+
 /// The shapes of one fully connected layer: input `[batch, inputs]`, weight `[inputs, outputs]`,
 /// output `[batch, outputs]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -166,30 +172,36 @@ pub fn linear_backward(
         if let Some(dx) = dx {
             assert_eq!(dx.len(), x.len(), "linear backward: input gradient length");
             // dx[:, block] = dy . w[block, :]^T, each block into its own buffer (the blocks are
-            // column ranges of dx), then copied into place. gemm would pack w[block, :]^T with a
-            // gather down its columns, slower than transposing the block first.
+            // column ranges of dx), then copied into place.
             let parts: Vec<Vec<f32>> = blocks
                 .par_iter()
                 .map(|&(k0, kn)| {
                     let mut part = vec![0.0f32; s.batch * kn];
-                    with_scratch(1, kn * n, |w_t| {
-                        transpose(&w[k0 * n..(k0 + kn) * n], kn, n, w_t);
+                    let product = |rhs: &[f32], rhs_rs, rhs_cs, part: &mut [f32]| {
                         gemm(Gemm {
                             m: s.batch,
                             n: kn,
                             k: n,
-                            dst: &mut part,
+                            dst: part,
                             dst_rs: kn,
                             dst_cs: 1,
                             accumulate: false,
                             lhs: dy,
                             lhs_rs: n,
                             lhs_cs: 1,
-                            rhs: w_t,
-                            rhs_rs: kn,
-                            rhs_cs: 1,
+                            rhs,
+                            rhs_rs,
+                            rhs_cs,
                         })
-                    });
+                    };
+                    if n >= TRANSPOSE_FROM {
+                        with_scratch(1, kn * n, |w_t| {
+                            transpose(&w[k0 * n..(k0 + kn) * n], kn, n, w_t);
+                            product(w_t, kn, 1, &mut part);
+                        });
+                    } else {
+                        product(&w[k0 * n..], 1, n, &mut part);
+                    }
                     part
                 })
                 .collect();
