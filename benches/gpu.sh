@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full ember vs PyTorch side by side on one CUDA GPU, in about 8 minutes, with nothing
 # installed and no network: needs an `ember` built elsewhere with `--features cuda`, this
-# repository's benches/ folder, the four MNIST files, and a Python with torch (torchvision and
+# repository's benches/ folder, the four MNIST files (data/mnist by default), and a Python with torch (torchvision and
 # nvidia-ml-py for the DataLoader scenario and utilisation sampling, both in PyTorch's usual
 # GPU images).
 #
@@ -16,7 +16,7 @@ usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
 [ $# -ge 1 ] || { usage >&2; exit 2; }
 case "$1" in -h|--help) usage; exit 0 ;; esac
 out=$1; shift
-device=cuda ember="$here/../target/release/ember" data="$here/../../shared/data/mnist" python=${EMBER_PYTHON:-python3}
+device=cuda ember="$here/../target/release/ember" data="$here/../data/mnist" python=${EMBER_PYTHON:-python3}
 quick=
 while [ $# -gt 0 ]; do
     case "$1" in

@@ -51,7 +51,7 @@ fn ember_bench_json_matches_the_shared_schema() {
             "--offline",
             "--data-dir",
         ])
-        .arg(root().join("../shared/data/mnist"))
+        .arg(root().join("data/mnist"))
         .arg("--json")
         .arg(&json)
         .output()

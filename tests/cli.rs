@@ -14,8 +14,8 @@ fn ember() -> Command {
     cmd
 }
 
-fn shared_mnist() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mnist")
+fn repo_mnist() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist")
 }
 
 const FILES: [&str; 4] = [
@@ -29,7 +29,7 @@ const FILES: [&str; 4] = [
 fn mnist_with(broken: &str, bytes: &[u8]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for f in FILES {
-        std::fs::copy(shared_mnist().join(f), dir.path().join(f)).unwrap();
+        std::fs::copy(repo_mnist().join(f), dir.path().join(f)).unwrap();
     }
     std::fs::write(dir.path().join(broken), bytes).unwrap();
     dir
@@ -139,7 +139,7 @@ fn garbage_idx_file_is_a_one_line_error_naming_it() {
 fn truncated_idx_file_is_a_one_line_error_naming_it() {
     // A well-formed gzip of an IDX file cut short: the header promises 10,000 labels.
     let full = flate2::read::GzDecoder::new(
-        std::fs::File::open(shared_mnist().join("t10k-labels-idx1-ubyte.gz")).unwrap(),
+        std::fs::File::open(repo_mnist().join("t10k-labels-idx1-ubyte.gz")).unwrap(),
     );
     let mut raw = Vec::new();
     std::io::Read::read_to_end(&mut { full }, &mut raw).unwrap();
@@ -163,7 +163,7 @@ fn truncated_idx_file_is_a_one_line_error_naming_it() {
 
 #[test]
 fn labels_in_place_of_images_are_named() {
-    let labels = std::fs::read(shared_mnist().join("t10k-labels-idx1-ubyte.gz")).unwrap();
+    let labels = std::fs::read(repo_mnist().join("t10k-labels-idx1-ubyte.gz")).unwrap();
     let dir = mnist_with("t10k-images-idx3-ubyte.gz", &labels);
     let out = train_on(dir.path());
     assert_one_line_error(
@@ -213,7 +213,7 @@ fn eval_reproduces_the_accuracy_training_printed() {
             "cpu",
             "--data-dir",
         ])
-        .arg(shared_mnist())
+        .arg(repo_mnist())
         .arg("--run-dir")
         .arg(&run_dir)
         .output()
@@ -226,7 +226,7 @@ fn eval_reproduces_the_accuracy_training_printed() {
     );
     let eval = ember()
         .args(["eval", "--device", "cpu", "--data-dir"])
-        .arg(shared_mnist())
+        .arg(repo_mnist())
         .arg("--checkpoint")
         .arg(&run_dir)
         .output()
@@ -248,7 +248,7 @@ fn eval_reproduces_the_accuracy_training_printed() {
     // A second run into the same directory is refused; the first run's files stay.
     let again = ember()
         .args(["train", "--epochs", "1", "--limit-train", "64", "--data-dir"])
-        .arg(shared_mnist())
+        .arg(repo_mnist())
         .arg("--run-dir")
         .arg(&run_dir)
         .output()
@@ -281,7 +281,7 @@ fn import_of_a_pytorch_state_dict_gives_a_checkpoint_eval_accepts() {
         .args(["eval", "--device", "cpu", "--checkpoint"])
         .arg(&out)
         .arg("--data-dir")
-        .arg(shared_mnist())
+        .arg(repo_mnist())
         .assert()
         .success()
         .stdout(predicate::str::contains("/10000)").and(predicate::str::contains("pytorch-example-net")));

@@ -11,8 +11,8 @@ use burn::backend::NdArray;
 use ember::checkpoint::RunDir;
 use ember::import::to_pytorch_tensors;
 
-fn shared_mnist() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mnist")
+fn repo_mnist() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist")
 }
 
 fn ember() -> Command {
@@ -41,7 +41,7 @@ fn train_args(run_dir: &Path, epochs: &str) -> Vec<String> {
     v.extend(SMALL.iter().map(|s| s.to_string()));
     v.extend([
         "--data-dir".into(),
-        shared_mnist().display().to_string(),
+        repo_mnist().display().to_string(),
         "--run-dir".into(),
         run_dir.display().to_string(),
     ]);
@@ -99,7 +99,7 @@ fn a_run_killed_mid_epoch_and_resumed_ends_with_the_same_weights() {
         .args(["train", "--resume"])
         .arg(&killed)
         .args(["--data-dir"])
-        .arg(shared_mnist())
+        .arg(repo_mnist())
         .args(["--device", "cpu"])
         .output()
         .unwrap();
@@ -145,7 +145,7 @@ fn a_run_killed_mid_epoch_and_resumed_ends_with_the_same_weights() {
         .args(["train", "--resume"])
         .arg(&killed)
         .args(["--data-dir"])
-        .arg(shared_mnist())
+        .arg(repo_mnist())
         .output()
         .unwrap();
     assert!(!again.status.success());
@@ -176,7 +176,7 @@ fn a_diverging_run_stops_naming_epoch_and_step_and_keeps_the_last_checkpoint() {
         .args(["eval", "--device", "cpu", "--checkpoint"])
         .arg(&run)
         .args(["--data-dir"])
-        .arg(shared_mnist())
+        .arg(repo_mnist())
         .assert()
         .success()
         .stdout(predicates::str::contains("/1000)"));
@@ -191,7 +191,7 @@ fn predict_on_pngs_of_test_images_agrees_with_the_model_and_reports_bad_files() 
     // PNGs of the first 12 MNIST test images, written here with the image crate.
     let data = ember::data::Mnist::load(&ember::data::Source {
         dataset: ember::data::Dataset::Mnist,
-        dir: shared_mnist(),
+        dir: repo_mnist(),
         download: false,
     })
     .unwrap();

@@ -1,4 +1,4 @@
-//! Trains on real MNIST (`../shared/data/mnist`) with the default CPU backend and checks the
+//! Trains on real MNIST (the committed `data/mnist`) with the default CPU backend and checks the
 //! accuracy on the full 10,000-image test set, then that a checkpoint reloads to the same result.
 
 #[path = "common/mnist.rs"]

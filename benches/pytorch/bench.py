@@ -120,7 +120,7 @@ def main():
     ap.add_argument("--mode", required=True, choices=["dataloader", "preloaded", "preloaded-cudnn-benchmark"])
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (pin to ember's)")
-    ap.add_argument("--data-dir", default=str(ROOT.parent / "shared/data/mnist"))
+    ap.add_argument("--data-dir", default=str(ROOT / "data/mnist"))
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=5)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch's official MNIST example (pytorch/examples, mnist/main.py), as the seed benchmark ran
 it: Dropout2d after the pool, Adadelta, StepLR, torchvision-style ToTensor + Normalize, a
-DataLoader with shuffling. Differences: images are read from IDX files (ember's data folder or
-../shared/data/mnist) instead of torchvision's download, so torchvision is not needed; the
+DataLoader with shuffling. Differences: images are read from IDX files (ember's committed
+data/mnist) instead of torchvision's download, so torchvision is not needed; the
 loader is a TensorDataset over the normalised images; CPU unless --accel.
 
     ~/torch-venv/bin/python benches/pytorch/mnist_example.py --epochs 1 --save-model
@@ -63,7 +63,7 @@ def main():
     parser.add_argument('--seed', type=int, default=1)
     parser.add_argument('--log-interval', type=int, default=10)
     parser.add_argument('--save-model', action='store_true')
-    parser.add_argument('--data-dir', default='../shared/data/mnist')
+    parser.add_argument('--data-dir', default='data/mnist')
     parser.add_argument('--threads', type=int, default=None, help='torch.set_num_threads')
     args = parser.parse_args()
 

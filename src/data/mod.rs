@@ -354,9 +354,9 @@ pub(crate) mod tests {
     use super::*;
     use std::io::Write;
 
-    /// The shared read-only MNIST copy next to the checkout, as CI sees it.
-    pub fn shared_mnist() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mnist")
+    /// The repository's own MNIST (`data/mnist`, committed), so a plain clone tests offline.
+    pub fn repo_mnist() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist")
     }
 
     fn write_gz(path: &Path, bytes: &[u8]) {
@@ -369,7 +369,7 @@ pub(crate) mod tests {
     fn loads_real_mnist_with_known_sums() {
         let data = Mnist::load(&Source {
             dataset: Dataset::Mnist,
-            dir: shared_mnist(),
+            dir: repo_mnist(),
             download: false,
         })
         .unwrap();
@@ -385,7 +385,7 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         for spec in Dataset::Mnist.files() {
             std::fs::copy(
-                shared_mnist().join(format!("{}.gz", spec.name)),
+                repo_mnist().join(format!("{}.gz", spec.name)),
                 dir.path().join(format!("{}.gz", spec.name)),
             )
             .unwrap();
@@ -416,7 +416,7 @@ pub(crate) mod tests {
     fn missing_files_offline_are_listed_with_where_to_put_them() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::copy(
-            shared_mnist().join("t10k-labels-idx1-ubyte.gz"),
+            repo_mnist().join("t10k-labels-idx1-ubyte.gz"),
             dir.path().join("t10k-labels-idx1-ubyte.gz"),
         )
         .unwrap();
@@ -439,7 +439,7 @@ pub(crate) mod tests {
     #[test]
     fn raw_files_are_found_too() {
         let dir = tempfile::tempdir().unwrap();
-        let labels = shared_mnist().join("t10k-labels-idx1-ubyte.gz");
+        let labels = repo_mnist().join("t10k-labels-idx1-ubyte.gz");
         let parsed = idx::read(&labels, idx::LABELS_MAGIC).unwrap();
         std::fs::write(
             dir.path().join("t10k-labels-idx1-ubyte"),

@@ -1,4 +1,4 @@
-//! The read-only MNIST copy beside the checkout (`../shared/data/mnist`), loaded offline.
+//! The repository's own MNIST (`data/mnist`, committed), loaded offline.
 
 use std::path::Path;
 
@@ -7,7 +7,7 @@ use ember::data::{Dataset, Mnist, Source};
 pub fn load() -> Mnist {
     Mnist::load(&Source {
         dataset: Dataset::Mnist,
-        dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/mnist"),
+        dir: Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist"),
         download: false,
     })
     .unwrap()
