@@ -3,8 +3,9 @@
 //!
 //! Each product is cut into at most [`BLOCKS`] independent single-threaded GEMMs whose bounds
 //! depend only on the shapes, and blocks that add into one output are summed in block order, so
-//! the results are bit-identical for any thread count. The GEMMs read `w` and its transpose
-//! where they lie (gemm packs what it must), instead of materialising transposed copies.
+//! the results are bit-identical for any thread count. The GEMMs read `w` where it lies (gemm
+//! packs what it must); only the input gradient of wide layers transposes each weight block
+//! first (see [`TRANSPOSE_FROM`]).
 
 use rayon::prelude::*;
 
@@ -41,8 +42,8 @@ impl LinearShape {
     }
 }
 
-/// `[0, len)` in at most `BLOCKS` consecutive `(start, len)` blocks, each a multiple of `align`
-/// long except the last, and none shorter than `min` unless `len` is.
+/// `[0, len)` in about `len / min` (at most `BLOCKS`, at least one) consecutive `(start, len)`
+/// blocks of equal length, a multiple of `align`, except a shorter last one.
 fn split(len: usize, align: usize, min: usize) -> Vec<(usize, usize)> {
     let count = (len / min.max(1)).clamp(1, BLOCKS);
     let size = len.div_ceil(count).next_multiple_of(align).max(align);
