@@ -8,6 +8,7 @@ use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::NoCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
+use burn::backend::autodiff::NodeId;
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::backend::Backend;
@@ -108,29 +109,47 @@ fn back<B: Backend, const D: usize>(t: Tensor<impl Backend, D>) -> Tensor<B, D> 
 #[derive(Debug)]
 struct ConvBackward;
 
-/// What the convolution's backward reads: its input and weight, and its output when a ReLU was
-/// fused into it (all shared, not copied).
+/// What a convolution's or fully connected layer's backward reads: its input and weight, and its
+/// output when a ReLU was fused into it (all shared, not copied), and its shapes `S`.
 #[derive(Clone)]
-struct ConvState {
+struct LayerState<S> {
     x: FlexTensor,
     w: FlexTensor,
     relu_out: Option<FlexTensor>,
-    shape: ConvShape,
+    shape: S,
 }
 
-impl fmt::Debug for ConvState {
+impl<S: fmt::Debug> fmt::Debug for LayerState<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "ConvState({:?})", self.shape)
+        write!(f, "LayerState({:?})", self.shape)
+    }
+}
+
+/// A constant zero bias of `len` (no gradient is tracked for it): a layer without a bias keeps
+/// the one node type with three parents.
+fn zero_bias(len: usize) -> AdTensor {
+    AdTensor::new(from_vec(vec![0.0; len], [len]))
+}
+
+/// Registers `values` (shaped `shape`) as the gradient of `node`, when both exist.
+fn register<const D: usize>(
+    grads: &mut Gradients,
+    node: Option<NodeId>,
+    values: Option<Vec<f32>>,
+    shape: [usize; D],
+) {
+    if let (Some(node), Some(values)) = (node, values) {
+        grads.register::<Flex>(node, from_vec(values, shape));
     }
 }
 
 impl Backward<Flex, 3> for ConvBackward {
-    type State = ConvState;
+    type State = LayerState<ConvShape>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_x, node_w, node_b] = ops.parents;
         let dy = contiguous(grads.consume::<Flex>(&ops.node));
-        let ConvState {
+        let LayerState {
             x,
             w,
             relu_out,
@@ -149,24 +168,20 @@ impl Backward<Flex, 3> for ConvBackward {
             dw.as_deref_mut(),
             db.as_deref_mut(),
         );
-        if let (Some(node), Some(dx)) = (node_x, dx) {
-            grads.register::<Flex>(node.id, from_vec(dx, [s.batch, s.in_channels, s.in_h, s.in_w]));
-        }
-        if let (Some(node), Some(dw)) = (node_w, dw) {
-            grads.register::<Flex>(
-                node.id,
-                from_vec(dw, [s.out_channels, s.in_channels, s.kernel[0], s.kernel[1]]),
-            );
-        }
-        if let (Some(node), Some(db)) = (node_b, db) {
-            grads.register::<Flex>(node.id, from_vec(db, [s.out_channels]));
-        }
+        register(
+            grads,
+            node_x.map(|n| n.id),
+            dx,
+            [s.batch, s.in_channels, s.in_h, s.in_w],
+        );
+        let weight_shape = [s.out_channels, s.in_channels, s.kernel[0], s.kernel[1]];
+        register(grads, node_w.map(|n| n.id), dw, weight_shape);
+        register(grads, node_b.map(|n| n.id), db, [s.out_channels]);
     }
 }
 
 fn conv2d_autodiff(x: AdTensor, w: AdTensor, b: Option<AdTensor>, s: ConvShape, relu: bool) -> AdTensor {
-    // Without a bias, a constant zero bias (no gradient is tracked for it) keeps one node type.
-    let b = b.unwrap_or_else(|| AdTensor::new(from_vec(vec![0.0; s.out_channels], [s.out_channels])));
+    let b = b.unwrap_or_else(|| zero_bias(s.out_channels));
     let (xp, wp, bp) = (
         contiguous(x.primitive),
         contiguous(w.primitive),
@@ -179,7 +194,7 @@ fn conv2d_autodiff(x: AdTensor, w: AdTensor, b: Option<AdTensor>, s: ConvShape, 
         .stateful()
     {
         OpsKind::Tracked(prep) => prep.finish(
-            ConvState {
+            LayerState {
                 x: xp,
                 w: wp,
                 relu_out: relu.then(|| out.clone()),
@@ -218,10 +233,7 @@ pub(crate) fn linear<B: Backend>(
         return back::<B, 2>(tensor::<Flex, 2>(linear_forward(&x, &w, b.as_ref(), &s, relu)));
     }
     let (x, w) = (ad_prim(x), ad_prim(w));
-    // Without a bias, a constant zero bias (no gradient is tracked for it) keeps one node type.
-    let b = b
-        .map(ad_prim)
-        .unwrap_or_else(|| AdTensor::new(from_vec(vec![0.0; s.outputs], [s.outputs])));
+    let b = b.map(ad_prim).unwrap_or_else(|| zero_bias(s.outputs));
     let (xp, wp, bp) = (
         contiguous(x.primitive),
         contiguous(w.primitive),
@@ -234,7 +246,7 @@ pub(crate) fn linear<B: Backend>(
         .stateful()
     {
         OpsKind::Tracked(prep) => prep.finish(
-            LinearState {
+            LayerState {
                 x: xp,
                 w: wp,
                 relu_out: relu.then(|| y.clone()),
@@ -250,28 +262,13 @@ pub(crate) fn linear<B: Backend>(
 #[derive(Debug)]
 struct LinearBackward;
 
-/// What the fully connected layer's backward reads (shared, not copied).
-#[derive(Clone)]
-struct LinearState {
-    x: FlexTensor,
-    w: FlexTensor,
-    relu_out: Option<FlexTensor>,
-    shape: LinearShape,
-}
-
-impl fmt::Debug for LinearState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "LinearState({:?})", self.shape)
-    }
-}
-
 impl Backward<Flex, 3> for LinearBackward {
-    type State = LinearState;
+    type State = LayerState<LinearShape>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_x, node_w, node_b] = ops.parents;
         let dy = contiguous(grads.consume::<Flex>(&ops.node));
-        let LinearState {
+        let LayerState {
             x,
             w,
             relu_out,
@@ -290,15 +287,9 @@ impl Backward<Flex, 3> for LinearBackward {
             dw.as_deref_mut(),
             db.as_deref_mut(),
         );
-        if let (Some(node), Some(dx)) = (node_x, dx) {
-            grads.register::<Flex>(node.id, from_vec(dx, [s.batch, s.inputs]));
-        }
-        if let (Some(node), Some(dw)) = (node_w, dw) {
-            grads.register::<Flex>(node.id, from_vec(dw, [s.inputs, s.outputs]));
-        }
-        if let (Some(node), Some(db)) = (node_b, db) {
-            grads.register::<Flex>(node.id, from_vec(db, [s.outputs]));
-        }
+        register(grads, node_x.map(|n| n.id), dx, [s.batch, s.inputs]);
+        register(grads, node_w.map(|n| n.id), dw, [s.inputs, s.outputs]);
+        register(grads, node_b.map(|n| n.id), db, [s.outputs]);
     }
 }
 

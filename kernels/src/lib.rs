@@ -181,11 +181,7 @@ pub fn conv2d_stock<B: Backend>(
         bias,
         ConvOptions::new(options.stride, padding, [1, 1], 1),
     );
-    if options.relu {
-        activation::relu(y)
-    } else {
-        y
-    }
+    relu_if(y, options.relu)
 }
 
 /// `x . weight + bias` in burn's `Linear` layout (`weight` is `[inputs, outputs]`; PyTorch's is
@@ -222,7 +218,11 @@ pub fn linear_stock<B: Backend>(
     bias: Option<Tensor<B, 1>>,
     relu: bool,
 ) -> Tensor<B, 2> {
-    let y = module::linear(x, weight, bias);
+    relu_if(module::linear(x, weight, bias), relu)
+}
+
+/// `relu(y)` through burn's op when `relu`, else `y`: the stock paths' half of the fused ReLU.
+pub(crate) fn relu_if<B: Backend, const D: usize>(y: Tensor<B, D>, relu: bool) -> Tensor<B, D> {
     if relu {
         activation::relu(y)
     } else {

@@ -8,7 +8,7 @@ use burn::nn::pool::MaxPool2d;
 use burn::nn::Linear;
 use burn::nn::PaddingConfig2d;
 use burn::tensor::backend::Backend;
-use burn::tensor::{activation, Tensor};
+use burn::tensor::Tensor;
 
 use crate::{Conv2dOptions, PadMode};
 
@@ -90,8 +90,7 @@ fn apply<B: Backend>(
             Some(pad) => x.pad([(pad, pad), (pad, pad)], burn::tensor::ops::PadMode::Edge),
             None => x,
         };
-        let y = conv.forward(x);
-        return if relu { activation::relu(y) } else { y };
+        return crate::relu_if(conv.forward(x), relu);
     };
     let options = match replicate {
         Some(pad) => Conv2dOptions {

@@ -12,7 +12,7 @@
 use rayon::prelude::*;
 
 use super::scratch::with_scratch;
-use super::{gemm, out_len, transpose, Gemm};
+use super::{gemm, out_len, relu_in_place, relu_mask, transpose, Gemm};
 
 /// How a convolution reads outside its input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -336,10 +336,7 @@ pub fn conv2d_forward(
             });
         }
         if relu {
-            for v in out.iter_mut() {
-                // `<=` keeps NaN, like burn's `mask_fill(x <= 0, 0)`; a select, so it vectorises.
-                *v = if *v <= 0.0 { 0.0 } else { *v };
-            }
+            relu_in_place(out);
         }
     };
     x.par_chunks(s.in_image())
@@ -431,10 +428,7 @@ pub fn conv2d_backward(
                 with_scratch(2, if relu_out.is_some() { dy_n.len() } else { 0 }, |masked| {
                     let dy_n = match relu_out {
                         Some(y) => {
-                            let y_n = &y[n * s.out_image()..][..s.out_image()];
-                            for ((m, &d), &y) in masked.iter_mut().zip(dy_n).zip(y_n) {
-                                *m = if y <= 0.0 { 0.0 } else { d };
-                            }
+                            relu_mask(dy_n, &y[n * s.out_image()..][..s.out_image()], masked);
                             &*masked
                         }
                         None => dy_n,

@@ -10,7 +10,7 @@
 use rayon::prelude::*;
 
 use super::scratch::with_scratch;
-use super::{gemm, transpose, Gemm};
+use super::{gemm, relu_in_place, relu_mask, transpose, Gemm};
 
 /// Blocks per product: enough for any core count this targets, few enough that each GEMM stays
 /// large.
@@ -103,18 +103,15 @@ pub fn linear_forward(s: &LinearShape, x: &[f32], w: &[f32], b: Option<&[f32]>, 
             }
         }
     }
-    for row in y.chunks_exact_mut(n) {
-        if let Some(b) = b {
+    if let Some(b) = b {
+        for row in y.chunks_exact_mut(n) {
             for (v, &b) in row.iter_mut().zip(b) {
                 *v += b;
             }
         }
-        if relu {
-            for v in row.iter_mut() {
-                // `<=` keeps NaN, like burn's `mask_fill(x <= 0, 0)`; a select, so it vectorises.
-                *v = if *v <= 0.0 { 0.0 } else { *v };
-            }
-        }
+    }
+    if relu {
+        relu_in_place(y);
     }
 }
 
@@ -149,9 +146,7 @@ pub fn linear_backward(
         let dy = match relu_out {
             Some(y) => {
                 assert_eq!(y.len(), dy.len(), "linear backward: ReLU output length");
-                for ((m, &d), &y) in masked.iter_mut().zip(dy).zip(y) {
-                    *m = if y <= 0.0 { 0.0 } else { d };
-                }
+                relu_mask(dy, y, masked);
                 &*masked
             }
             None => dy,

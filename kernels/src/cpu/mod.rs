@@ -111,6 +111,26 @@ pub(crate) fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) 
     }
 }
 
+/// `max(v, 0)` in place. `<=` keeps NaN, like burn's `mask_fill(x <= 0, 0)`; a select, so it
+/// vectorises.
+pub(crate) fn relu_in_place(values: &mut [f32]) {
+    for v in values {
+        *v = if *v <= 0.0 { 0.0 } else { *v };
+    }
+}
+
+/// `masked = dy` where the ReLU's output `y` is not `<= 0`, else 0: burn's and PyTorch's ReLU
+/// backward.
+pub(crate) fn relu_mask(dy: &[f32], y: &[f32], masked: &mut [f32]) {
+    assert!(
+        dy.len() == y.len() && masked.len() == y.len(),
+        "relu_mask: lengths"
+    );
+    for ((m, &d), &y) in masked.iter_mut().zip(dy).zip(y) {
+        *m = if y <= 0.0 { 0.0 } else { d };
+    }
+}
+
 pub(crate) mod scratch {
     use std::cell::RefCell;
 
