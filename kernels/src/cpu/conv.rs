@@ -111,9 +111,15 @@ fn source(p: usize, pad: usize, size: usize, mode: PadMode) -> Option<usize> {
 }
 
 /// Copies `src` into `dst` (same length) in 8-float blocks: the rows here are 7 to 30 floats,
-/// too short for a `memcpy` call to pay off.
+/// too short for a `memcpy` call to pay off. `WIDE`: with AVX-512 masked operations instead
+/// (the caller has checked the CPU and runs with the feature enabled).
 #[inline(always)]
-fn copy_row(dst: &mut [f32], src: &[f32]) {
+fn copy_row<const WIDE: bool>(dst: &mut [f32], src: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if WIDE {
+        // SAFETY: `WIDE` is only instantiated behind a check for AVX-512F.
+        return unsafe { super::simd::copy_row(dst, src) };
+    }
     assert_eq!(dst.len(), src.len(), "copy_row: lengths");
     let (mut d, mut s) = (dst.chunks_exact_mut(8), src.chunks_exact(8));
     for (d, s) in (&mut d).zip(&mut s) {
@@ -124,18 +130,60 @@ fn copy_row(dst: &mut [f32], src: &[f32]) {
     }
 }
 
-/// `dst += src` (same length).
+/// `dst += src` (same length); `WIDE` as in [`copy_row`].
 #[inline(always)]
-fn add_row(dst: &mut [f32], src: &[f32]) {
+fn add_row<const WIDE: bool>(dst: &mut [f32], src: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if WIDE {
+        // SAFETY: as in `copy_row`.
+        return unsafe { super::simd::add_row(dst, src) };
+    }
     for (d, &s) in dst.iter_mut().zip(src) {
         *d += s;
     }
 }
 
+/// Runs `$name::<true>` inside a function compiled with AVX-512F when the CPU has it, else
+/// `$name::<false>`. The `WIDE` bodies hold their row loops directly (no closures passed to
+/// other functions), so the AVX-512 row operations inline into them.
+macro_rules! dispatch_wide {
+    ($name:ident($($arg:ident: $ty:ty),*)) => {{
+        #[cfg(target_arch = "x86_64")]
+        if super::simd::avx512() {
+            #[target_feature(enable = "avx512f")]
+            unsafe fn wide($($arg: $ty),*) {
+                $name::<true>($($arg),*)
+            }
+            // SAFETY: the CPU runs AVX-512F.
+            return unsafe { wide($($arg),*) };
+        }
+        $name::<false>($($arg),*)
+    }};
+}
+
+/// Unfolds one image `[in_channels, in_h, in_w]` into `col`, `[patch, pixels]`: through an
+/// explicitly padded copy of the image (one small copy, after which unfolding needs no bounds
+/// logic) when the convolution pads.
+fn im2col(s: &ConvShape, x: &[f32], col: &mut [f32]) {
+    if s.padding == [0, 0] {
+        return unfold(s, x, col);
+    }
+    let (ph_n, pw_n) = padded_size(s);
+    with_scratch(3, s.in_channels * ph_n * pw_n, |padded| {
+        pad_image(s, x, padded);
+        unfold(s, padded, col)
+    })
+}
+
 /// The image `[in_channels, in_h, in_w]` with its padding made explicit, `[in_channels, in_h + 2 *
-/// ph, in_w + 2 * pw]`: zeros or copies of the border. One small copy per image, after which
-/// unfolding needs no bounds logic.
+/// ph, in_w + 2 * pw]`: zeros or copies of the border.
+#[inline(never)]
 fn pad_image(s: &ConvShape, x: &[f32], padded: &mut [f32]) {
+    dispatch_wide!(pad_image_rows(s: &ConvShape, x: &[f32], padded: &mut [f32]))
+}
+
+#[inline(always)]
+fn pad_image_rows<const WIDE: bool>(s: &ConvShape, x: &[f32], padded: &mut [f32]) {
     let (ph_n, pw_n) = padded_size(s);
     for (plane, dst) in x
         .chunks_exact(s.in_h * s.in_w)
@@ -154,111 +202,122 @@ fn pad_image(s: &ConvShape, x: &[f32], padded: &mut [f32]) {
             };
             row[..pw].fill(left);
             row[pw + s.in_w..].fill(right);
-            copy_row(&mut row[pw..pw + s.in_w], src);
+            copy_row::<WIDE>(&mut row[pw..pw + s.in_w], src);
         }
     }
 }
 
-/// Runs `f` on the image with explicit padding (`x` itself when there is none).
-fn with_padded<R>(s: &ConvShape, x: &[f32], f: impl FnOnce(&[f32]) -> R) -> R {
-    if s.padding == [0, 0] {
-        return f(x);
-    }
-    let (ph_n, pw_n) = padded_size(s);
-    with_scratch(3, s.in_channels * ph_n * pw_n, |padded| {
-        pad_image(s, x, padded);
-        f(padded)
-    })
+/// im2col of an image whose padding is explicit (`padded_size`).
+#[inline(never)]
+fn unfold(s: &ConvShape, padded: &[f32], col: &mut [f32]) {
+    dispatch_wide!(unfold_rows(s: &ConvShape, padded: &[f32], col: &mut [f32]))
 }
 
-#[inline(never)]
-/// Unfolds one image `[in_channels, in_h, in_w]` into `col`, `[patch, pixels]`.
-fn im2col(s: &ConvShape, x: &[f32], col: &mut [f32]) {
+#[inline(always)]
+fn unfold_rows<const WIDE: bool>(s: &ConvShape, padded: &[f32], col: &mut [f32]) {
     let (oh_n, ow_n, [kh_n, kw_n], [sh, sw]) = (s.out_h(), s.out_w(), s.kernel, s.stride);
     let (ph_n, pw_n) = padded_size(s);
-    with_padded(s, x, |padded| {
-        let mut rows = col.chunks_exact_mut(oh_n * ow_n);
-        for plane in padded.chunks_exact(ph_n * pw_n) {
-            for kh in 0..kh_n {
-                for kw in 0..kw_n {
-                    let row = rows.next().expect("col holds patch rows");
-                    for (oh, dst) in row.chunks_exact_mut(ow_n).enumerate() {
-                        let src = &plane[(oh * sh + kh) * pw_n + kw..];
-                        if sw == 1 {
-                            copy_row(dst, &src[..ow_n]);
-                        } else {
-                            for (d, &v) in dst.iter_mut().zip(src.iter().step_by(sw)) {
-                                *d = v;
-                            }
+    let mut rows = col.chunks_exact_mut(oh_n * ow_n);
+    for plane in padded.chunks_exact(ph_n * pw_n) {
+        for kh in 0..kh_n {
+            for kw in 0..kw_n {
+                let row = rows.next().expect("col holds patch rows");
+                for (oh, dst) in row.chunks_exact_mut(ow_n).enumerate() {
+                    let src = &plane[(oh * sh + kh) * pw_n + kw..];
+                    if sw == 1 {
+                        copy_row::<WIDE>(dst, &src[..ow_n]);
+                    } else {
+                        for (d, &v) in dst.iter_mut().zip(src.iter().step_by(sw)) {
+                            *d = v;
                         }
                     }
                 }
             }
         }
-    })
+    }
 }
 
-#[inline(never)]
 /// Adds `col`, `[patch, pixels]`, back onto the image it was unfolded from (`dx` is
 /// overwritten): the adjoint of [`im2col`]. Folds into a padded image first, then adds the
 /// padding's share onto the pixels it copied (replicate) or drops it (zeros).
 fn col2im(s: &ConvShape, col: &[f32], dx: &mut [f32]) {
+    if s.padding == [0, 0] {
+        return fold(s, col, dx);
+    }
+    let (ph_n, pw_n) = padded_size(s);
+    with_scratch(3, s.in_channels * ph_n * pw_n, |padded| {
+        fold(s, col, padded);
+        unpad(s, padded, dx)
+    })
+}
+
+/// col2im into an image whose padding is explicit (`padded`, overwritten).
+#[inline(never)]
+fn fold(s: &ConvShape, col: &[f32], padded: &mut [f32]) {
+    dispatch_wide!(fold_rows(s: &ConvShape, col: &[f32], padded: &mut [f32]))
+}
+
+#[inline(always)]
+fn fold_rows<const WIDE: bool>(s: &ConvShape, col: &[f32], padded: &mut [f32]) {
     let (oh_n, ow_n, [kh_n, kw_n], [sh, sw]) = (s.out_h(), s.out_w(), s.kernel, s.stride);
     let (ph_n, pw_n) = padded_size(s);
-    let fold = |padded: &mut [f32]| {
-        padded.fill(0.0);
-        let mut rows = col.chunks_exact(oh_n * ow_n);
-        for plane in padded.chunks_exact_mut(ph_n * pw_n) {
-            for kh in 0..kh_n {
-                for kw in 0..kw_n {
-                    let row = rows.next().expect("col holds patch rows");
-                    for (oh, src) in row.chunks_exact(ow_n).enumerate() {
-                        let dst = &mut plane[(oh * sh + kh) * pw_n + kw..];
-                        if sw == 1 {
-                            add_row(&mut dst[..ow_n], src);
-                        } else {
-                            for (d, &v) in dst.iter_mut().step_by(sw).zip(src) {
-                                *d += v;
-                            }
+    padded.fill(0.0);
+    let mut rows = col.chunks_exact(oh_n * ow_n);
+    for plane in padded.chunks_exact_mut(ph_n * pw_n) {
+        for kh in 0..kh_n {
+            for kw in 0..kw_n {
+                let row = rows.next().expect("col holds patch rows");
+                for (oh, src) in row.chunks_exact(ow_n).enumerate() {
+                    let dst = &mut plane[(oh * sh + kh) * pw_n + kw..];
+                    if sw == 1 {
+                        add_row::<WIDE>(&mut dst[..ow_n], src);
+                    } else {
+                        for (d, &v) in dst.iter_mut().step_by(sw).zip(src) {
+                            *d += v;
                         }
                     }
                 }
             }
         }
-    };
-    if s.padding == [0, 0] {
-        fold(dx);
-        return;
     }
-    with_scratch(3, s.in_channels * ph_n * pw_n, |padded| {
-        fold(padded);
-        let [ph, pw] = s.padding;
-        for (plane, dst) in padded
-            .chunks_exact(ph_n * pw_n)
-            .zip(dx.chunks_exact_mut(s.in_h * s.in_w))
-        {
-            for ih in 0..s.in_h {
-                copy_row(
-                    &mut dst[ih * s.in_w..][..s.in_w],
-                    &plane[(ih + ph) * pw_n + pw..][..s.in_w],
-                );
-            }
-            if s.mode == PadMode::Replicate {
-                // Every padded position outside the image read the nearest border pixel.
-                for r in 0..ph_n {
-                    let ih = source(r, ph, s.in_h, s.mode).expect("replicate reads every row");
-                    let inside_row = (ph..ph + s.in_h).contains(&r);
-                    for q in 0..pw_n {
-                        if inside_row && (pw..pw + s.in_w).contains(&q) {
-                            continue;
-                        }
-                        let iw = source(q, pw, s.in_w, s.mode).expect("replicate reads every column");
-                        dst[ih * s.in_w + iw] += plane[r * pw_n + q];
+}
+
+/// `dx` (overwritten) = the image part of `padded`, plus, for replicate padding, each padded
+/// position added onto the border pixel it copied.
+#[inline(never)]
+fn unpad(s: &ConvShape, padded: &[f32], dx: &mut [f32]) {
+    dispatch_wide!(unpad_rows(s: &ConvShape, padded: &[f32], dx: &mut [f32]))
+}
+
+#[inline(always)]
+fn unpad_rows<const WIDE: bool>(s: &ConvShape, padded: &[f32], dx: &mut [f32]) {
+    let (ph_n, pw_n) = padded_size(s);
+    let [ph, pw] = s.padding;
+    for (plane, dst) in padded
+        .chunks_exact(ph_n * pw_n)
+        .zip(dx.chunks_exact_mut(s.in_h * s.in_w))
+    {
+        for ih in 0..s.in_h {
+            copy_row::<WIDE>(
+                &mut dst[ih * s.in_w..][..s.in_w],
+                &plane[(ih + ph) * pw_n + pw..][..s.in_w],
+            );
+        }
+        if s.mode == PadMode::Replicate {
+            // Every padded position outside the image read the nearest border pixel.
+            for r in 0..ph_n {
+                let ih = source(r, ph, s.in_h, s.mode).expect("replicate reads every row");
+                let inside_row = (ph..ph + s.in_h).contains(&r);
+                for q in 0..pw_n {
+                    if inside_row && (pw..pw + s.in_w).contains(&q) {
+                        continue;
                     }
+                    let iw = source(q, pw, s.in_w, s.mode).expect("replicate reads every column");
+                    dst[ih * s.in_w + iw] += plane[r * pw_n + q];
                 }
             }
         }
-    });
+    }
 }
 
 /// Output channels per forward GEMM call. gemm computes `out^T = col^T . weight^T` and reads
@@ -602,6 +661,60 @@ mod tests {
                 (*got as f64 - want).abs() <= 1e-4 * want.abs().max(1.0),
                 "{got} vs {want}"
             );
+        }
+    }
+
+    /// The AVX-512 row loops give the portable ones' results bit for bit, for rows shorter and
+    /// longer than a vector (im2col, col2im, padding both ways, stride 1 and 2).
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn wide_rows_match_the_portable_ones() {
+        if !super::super::simd::avx512() {
+            eprintln!("skipped: this CPU has no AVX-512F");
+            return;
+        }
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for mode in [PadMode::Zeros, PadMode::Replicate] {
+            for (in_h, in_w) in [(5, 7), (9, 18), (6, 37)] {
+                for stride in [1, 2] {
+                    for padding in [0, 1, 2] {
+                        let s = ConvShape {
+                            batch: 1,
+                            in_channels: 3,
+                            in_h,
+                            in_w,
+                            out_channels: 1,
+                            kernel: [3, 3],
+                            stride: [stride, stride],
+                            padding: [padding, padding],
+                            mode,
+                        };
+                        let x: Vec<f32> = (0..s.in_image()).map(|i| (i as f32 * 0.37).sin()).collect();
+                        let c: Vec<f32> = (0..s.patch() * s.pixels())
+                            .map(|i| (i as f32 * 0.53).cos())
+                            .collect();
+                        let (ph_n, pw_n) = padded_size(&s);
+                        let (mut p1, mut p2) = (
+                            vec![1.0; s.in_channels * ph_n * pw_n],
+                            vec![2.0; s.in_channels * ph_n * pw_n],
+                        );
+                        pad_image_rows::<false>(&s, &x, &mut p1);
+                        pad_image(&s, &x, &mut p2);
+                        assert_eq!(bits(&p1), bits(&p2), "pad {s:?}");
+                        let (mut c1, mut c2) = (vec![1.0; c.len()], vec![2.0; c.len()]);
+                        unfold_rows::<false>(&s, &p1, &mut c1);
+                        unfold(&s, &p1, &mut c2);
+                        assert_eq!(bits(&c1), bits(&c2), "unfold {s:?}");
+                        fold_rows::<false>(&s, &c, &mut p1);
+                        fold(&s, &c, &mut p2);
+                        assert_eq!(bits(&p1), bits(&p2), "fold {s:?}");
+                        let (mut d1, mut d2) = (vec![1.0; x.len()], vec![2.0; x.len()]);
+                        unpad_rows::<false>(&s, &p1, &mut d1);
+                        unpad(&s, &p1, &mut d2);
+                        assert_eq!(bits(&d1), bits(&d2), "unpad {s:?}");
+                    }
+                }
+            }
         }
     }
 

@@ -6,6 +6,7 @@ pub mod linear;
 pub mod optim;
 pub mod peak;
 pub mod pool;
+mod simd;
 
 /// Output length of a window of `kernel` moved by `stride` over `size` padded by `pad` on each
 /// side (floor rounding), or `None` when the window does not fit or cannot move.

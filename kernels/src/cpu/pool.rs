@@ -122,16 +122,27 @@ fn pool_2x2(in_w: usize, x: &[f32], out: &mut [f32], argmax: &mut [u32], ow_n: u
     {
         let top = &x[2 * oh * in_w..][..in_w];
         let bottom = &x[(2 * oh + 1) * in_w..][..in_w];
-        let base = (2 * oh * in_w) as u32;
-        let w = in_w as u32;
-        for (ow, (o, a)) in out.iter_mut().zip(argmax.iter_mut()).enumerate() {
-            let (c, ci) = (2 * ow, 2 * ow as u32);
-            let m = pick((top[c], ci), (top[c + 1], ci + 1));
-            let m = pick(m, (bottom[c], w + ci));
-            let (best, at) = pick(m, (bottom[c + 1], w + ci + 1));
-            *o = best;
-            *a = base + at;
+        let (base, w) = ((2 * oh * in_w) as u32, in_w as u32);
+        #[cfg(target_arch = "x86_64")]
+        if super::simd::avx512() {
+            // SAFETY: the CPU runs AVX-512F.
+            unsafe { super::simd::pool_2x2_row(top, bottom, base, w, out, argmax) };
+            continue;
         }
+        pool_2x2_row(top, bottom, base, w, out, argmax);
+    }
+}
+
+/// One output row of [`pool_2x2`]: windows at columns `2j, 2j + 1` of `top` and `bottom`;
+/// `base` is `top`'s offset in its plane.
+fn pool_2x2_row(top: &[f32], bottom: &[f32], base: u32, w: u32, out: &mut [f32], argmax: &mut [u32]) {
+    for (ow, (o, a)) in out.iter_mut().zip(argmax.iter_mut()).enumerate() {
+        let (c, ci) = (2 * ow, 2 * ow as u32);
+        let m = pick((top[c], ci), (top[c + 1], ci + 1));
+        let m = pick(m, (bottom[c], w + ci));
+        let (best, at) = pick(m, (bottom[c + 1], w + ci + 1));
+        *o = best;
+        *a = base + at;
     }
 }
 
@@ -162,6 +173,60 @@ pub fn max_pool2d_backward(s: &PoolShape, dy: &[f32], argmax: &[u32], dx: &mut [
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The AVX-512 row and the portable row agree bit for bit, on ties, NaNs, infinities and
+    /// signed zeros, for every row length up to two vector widths and odd input widths.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn wide_2x2_row_matches_the_portable_one() {
+        if !super::super::simd::avx512() {
+            eprintln!("skipped: this CPU has no AVX-512F");
+            return;
+        }
+        let special = [
+            0.0,
+            -0.0,
+            1.0,
+            1.0,
+            f32::NAN,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            -3.5,
+        ];
+        let mut state = 0x2545_f491_u32;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state
+        };
+        for n in 1..=40 {
+            for extra in [0, 1] {
+                let in_w = 2 * n + extra;
+                let row = |next: &mut dyn FnMut() -> u32| -> Vec<f32> {
+                    (0..in_w).map(|_| special[(next() % 8) as usize]).collect()
+                };
+                let (top, bottom) = (row(&mut next), row(&mut next));
+                let (mut o1, mut a1) = (vec![0.0; n], vec![0u32; n]);
+                let (mut o2, mut a2) = (vec![0.0; n], vec![0u32; n]);
+                pool_2x2_row(&top, &bottom, 7 * in_w as u32, in_w as u32, &mut o1, &mut a1);
+                // SAFETY: checked above.
+                unsafe {
+                    super::super::simd::pool_2x2_row(
+                        &top,
+                        &bottom,
+                        7 * in_w as u32,
+                        in_w as u32,
+                        &mut o2,
+                        &mut a2,
+                    )
+                };
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&o1), bits(&o2), "values, in_w {in_w}");
+                assert_eq!(a1, a2, "argmax, in_w {in_w}");
+            }
+        }
+    }
 
     #[test]
     fn first_of_equal_maxima_wins_and_nan_propagates() {

@@ -1,0 +1,146 @@
+//! AVX-512 forms of the loops that the portable x86-64 baseline this crate is compiled for
+//! leaves scalar or half-width: copying and adding short image rows (im2col, col2im: rows of 7
+//! to 30 floats, one masked 16-lane operation each instead of a 4-lane loop and a scalar tail)
+//! and 2x2 max pooling (16 windows per step instead of one). Chosen at run time with
+//! [`avx512`]; other machines take the portable loops. Both give bit-identical results: the
+//! same operations on the same values in the same order, only several lanes at once.
+
+/// Whether this CPU runs AVX-512F (detected once by std, then a cached load).
+pub(crate) fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use x86::*;
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// The first `n` (at most 16) lanes.
+    #[inline(always)]
+    fn lanes(n: usize) -> __mmask16 {
+        debug_assert!(n <= 16);
+        ((1u32 << n) - 1) as __mmask16
+    }
+
+    /// `dst = src` (same length).
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F ([`super::avx512`]).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(crate) unsafe fn copy_row(dst: &mut [f32], src: &[f32]) {
+        assert_eq!(dst.len(), src.len(), "copy_row: lengths");
+        let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
+        let mut i = 0;
+        while i < dst.len() {
+            let k = lanes((dst.len() - i).min(16));
+            // SAFETY: lanes `i..i + popcount(k)` lie inside both slices; masked-off lanes are
+            // neither read nor written.
+            unsafe { _mm512_mask_storeu_ps(d.add(i), k, _mm512_maskz_loadu_ps(k, s.add(i))) };
+            i += 16;
+        }
+    }
+
+    /// `dst += src` (same length).
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(crate) unsafe fn add_row(dst: &mut [f32], src: &[f32]) {
+        assert_eq!(dst.len(), src.len(), "add_row: lengths");
+        let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
+        let mut i = 0;
+        while i < dst.len() {
+            let k = lanes((dst.len() - i).min(16));
+            // SAFETY: as in `copy_row`.
+            unsafe {
+                let sum = _mm512_add_ps(
+                    _mm512_maskz_loadu_ps(k, d.add(i)),
+                    _mm512_maskz_loadu_ps(k, s.add(i)),
+                );
+                _mm512_mask_storeu_ps(d.add(i), k, sum);
+            }
+            i += 16;
+        }
+    }
+
+    /// Lanes `2j` and `2j + 1` of `row[..2n]` (`n` at most 16) as two vectors: the left and
+    /// right columns of 16 consecutive 2-wide windows.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn split_pairs(row: &[f32], n: usize) -> (__m512, __m512) {
+        assert!(n <= 16 && 2 * n <= row.len(), "split_pairs: row too short");
+        let lo_n = (2 * n).min(16);
+        let p = row.as_ptr();
+        // SAFETY: `2 * n` floats are in `row`; masked-off lanes are not read (the second
+        // pointer is formed with `wrapping_add` because it may point past the end then).
+        let (lo, hi) = unsafe {
+            (
+                _mm512_maskz_loadu_ps(lanes(lo_n), p),
+                _mm512_maskz_loadu_ps(lanes(2 * n - lo_n), p.wrapping_add(16)),
+            )
+        };
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+        (
+            _mm512_permutex2var_ps(lo, even, hi),
+            _mm512_permutex2var_ps(lo, odd, hi),
+        )
+    }
+
+    /// `super::super::pool::pick` on 16 lanes: take `(v, vi)` where `v` is greater or NaN.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    fn pick(best: (__m512, __m512i), v: __m512, vi: __m512i) -> (__m512, __m512i) {
+        let take = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(v, best.0) | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(v, v);
+        (
+            _mm512_mask_blend_ps(take, best.0, v),
+            _mm512_mask_blend_epi32(take, best.1, vi),
+        )
+    }
+
+    /// One output row of 2x2 stride-2 max pooling: `out[j]`, `argmax[j]` from the windows at
+    /// columns `2j, 2j + 1` of `top` and `bottom`, scanned in the portable loop's order;
+    /// `base` is `top`'s offset in its plane and `in_w` the plane's row length.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn pool_2x2_row(
+        top: &[f32],
+        bottom: &[f32],
+        base: u32,
+        in_w: u32,
+        out: &mut [f32],
+        argmax: &mut [u32],
+    ) {
+        assert_eq!(out.len(), argmax.len(), "pool_2x2_row: lengths");
+        let iota2 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        for o0 in (0..out.len()).step_by(16) {
+            let n = (out.len() - o0).min(16);
+            let (tl, tr) = split_pairs(&top[2 * o0..], n);
+            let (bl, br) = split_pairs(&bottom[2 * o0..], n);
+            let at = _mm512_add_epi32(iota2, _mm512_set1_epi32((base + 2 * o0 as u32) as i32));
+            let one = _mm512_set1_epi32(1);
+            let below = _mm512_add_epi32(at, _mm512_set1_epi32(in_w as i32));
+            let m = pick((tl, at), tr, _mm512_add_epi32(at, one));
+            let m = pick(m, bl, below);
+            let (best, idx) = pick(m, br, _mm512_add_epi32(below, one));
+            // SAFETY: lanes `o0..o0 + n` lie inside `out` and `argmax`.
+            unsafe {
+                _mm512_mask_storeu_ps(out.as_mut_ptr().add(o0), lanes(n), best);
+                _mm512_mask_storeu_epi32(argmax.as_mut_ptr().add(o0).cast(), lanes(n), idx);
+            }
+        }
+    }
+}
