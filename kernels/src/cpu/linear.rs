@@ -2,8 +2,8 @@
 //! layout (`w` is `[inputs, outputs]`), and its gradients.
 //!
 //! Each product is cut into at most [`BLOCKS`] independent single-threaded GEMMs whose bounds
-//! depend only on the shapes, and blocks that add into one output are summed in block order, so
-//! the results are bit-identical for any thread count. The GEMMs read `w` where it lies (gemm
+//! depend only on the shapes, each writing its own part of the result, so the results are
+//! bit-identical for any thread count. The GEMMs read `w` where it lies (gemm
 //! packs what it must); only the input gradient of wide layers transposes each weight block
 //! first (see [`TRANSPOSE_FROM`]).
 
@@ -55,8 +55,10 @@ fn split(len: usize, align: usize, min: usize) -> Vec<(usize, usize)> {
 
 /// `y = x . w + b`, then `max(y, 0)` when `relu` (NaN stays NaN, as in burn's ReLU).
 ///
-/// The inner dimension is split into blocks (split-K) whose partial products are added in block
-/// order: the weight, the largest operand, is then read once, by every thread in parallel.
+/// The outputs are split into column blocks, each a whole-depth GEMM: every weight element is
+/// read once, by one thread, and no partial sums are added up afterwards. (Splitting the inner
+/// dimension instead, with a partial product per block added in block order, measured 3.4-3.6
+/// ms for flashlight's fc1 at batch 64 against 2.7-2.9 ms for this.)
 ///
 /// # Shapes
 /// - `x`: `[batch, inputs]`, `w`: `[inputs, outputs]`, `b`: `[outputs]`
@@ -67,40 +69,34 @@ pub fn linear_forward(s: &LinearShape, x: &[f32], w: &[f32], b: Option<&[f32]>, 
     assert_eq!(w.len(), s.inputs * s.outputs, "linear: weight length");
     assert_eq!(y.len(), s.batch * s.outputs, "linear: output length");
     let (n, k) = (s.outputs, s.inputs);
-    let blocks = split(k, 16, 128);
-    let partial = |&(k0, kn): &(usize, usize), dst: &mut [f32]| {
-        gemm(Gemm {
-            m: s.batch,
-            n,
-            k: kn,
-            dst,
-            dst_rs: n,
-            dst_cs: 1,
-            accumulate: false,
-            lhs: &x[k0..],
-            lhs_rs: k,
-            lhs_cs: 1,
-            rhs: &w[k0 * n..],
-            rhs_rs: n,
-            rhs_cs: 1,
+    // y[:, block]^T = w[:, block]^T . x^T: the weight block is gemm's left operand in the
+    // column-major layout gemm packs from contiguous reads, x^T its narrow right operand.
+    let blocks = split(n, 16, 64);
+    let parts: Vec<Vec<f32>> = blocks
+        .par_iter()
+        .map(|&(n0, nn)| {
+            let mut part = vec![0.0f32; s.batch * nn];
+            gemm(Gemm {
+                m: nn,
+                n: s.batch,
+                k,
+                dst: &mut part,
+                dst_rs: 1,
+                dst_cs: nn,
+                accumulate: false,
+                lhs: &w[n0..],
+                lhs_rs: 1,
+                lhs_cs: n,
+                rhs: x,
+                rhs_rs: 1,
+                rhs_cs: k,
+            });
+            part
         })
-    };
-    if blocks.len() == 1 {
-        partial(&blocks[0], y);
-    } else {
-        let partials: Vec<Vec<f32>> = blocks
-            .par_iter()
-            .map(|block| {
-                let mut dst = vec![0.0f32; y.len()];
-                partial(block, &mut dst);
-                dst
-            })
-            .collect();
-        y.copy_from_slice(&partials[0]);
-        for p in &partials[1..] {
-            for (d, &v) in y.iter_mut().zip(p) {
-                *d += v;
-            }
+        .collect();
+    for (part, &(n0, nn)) in parts.iter().zip(&blocks) {
+        for (dst, src) in y.chunks_exact_mut(n).zip(part.chunks_exact(nn)) {
+            dst[n0..n0 + nn].copy_from_slice(src);
         }
     }
     if let Some(b) = b {
@@ -209,23 +205,24 @@ pub fn linear_backward(
         }
         if let Some(dw) = dw {
             assert_eq!(dw.len(), w.len(), "linear backward: weight gradient length");
-            // dw[block, :] = x[:, block]^T . dy: contiguous row ranges of dw.
+            // dw[block, :]^T = dy^T . x[:, block]: contiguous row ranges of dw, written as the
+            // columns of a column-major result so that gemm's tiles store contiguous runs.
             dw.par_chunks_mut(blocks[0].1 * n)
                 .zip(&blocks)
                 .for_each(|(dst, &(k0, kn))| {
                     gemm(Gemm {
-                        m: kn,
-                        n,
+                        m: n,
+                        n: kn,
                         k: s.batch,
                         dst,
-                        dst_rs: n,
-                        dst_cs: 1,
+                        dst_rs: 1,
+                        dst_cs: n,
                         accumulate: false,
-                        lhs: &x[k0..],
+                        lhs: dy,
                         lhs_rs: 1,
-                        lhs_cs: k,
-                        rhs: dy,
-                        rhs_rs: n,
+                        lhs_cs: n,
+                        rhs: &x[k0..],
+                        rhs_rs: k,
                         rhs_cs: 1,
                     })
                 });
