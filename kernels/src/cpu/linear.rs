@@ -53,6 +53,31 @@ fn split(len: usize, align: usize, min: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// Fills `dst`, `[rows, cols]` row-major, by column blocks: `block(c0, cn, part)` computes
+/// `dst[:, c0..c0 + cn]` into its own `[rows, cn]` buffer, the blocks in parallel, and each is
+/// then copied into place (column ranges of `dst` are not disjoint slices).
+fn by_column_blocks(
+    dst: &mut [f32],
+    cols: usize,
+    blocks: &[(usize, usize)],
+    block: impl Fn(usize, usize, &mut [f32]) + Sync,
+) {
+    let rows = dst.len() / cols;
+    let parts: Vec<Vec<f32>> = blocks
+        .par_iter()
+        .map(|&(c0, cn)| {
+            let mut part = vec![0.0f32; rows * cn];
+            block(c0, cn, &mut part);
+            part
+        })
+        .collect();
+    for (part, &(c0, cn)) in parts.iter().zip(blocks) {
+        for (dst, src) in dst.chunks_exact_mut(cols).zip(part.chunks_exact(cn)) {
+            dst[c0..c0 + cn].copy_from_slice(src);
+        }
+    }
+}
+
 /// `y = x . w + b`, then `max(y, 0)` when `relu` (NaN stays NaN, as in burn's ReLU).
 ///
 /// The outputs are split into column blocks, each a whole-depth GEMM: every weight element is
@@ -71,34 +96,23 @@ pub fn linear_forward(s: &LinearShape, x: &[f32], w: &[f32], b: Option<&[f32]>, 
     let (n, k) = (s.outputs, s.inputs);
     // y[:, block]^T = w[:, block]^T . x^T: the weight block is gemm's left operand in the
     // column-major layout gemm packs from contiguous reads, x^T its narrow right operand.
-    let blocks = split(n, 16, 64);
-    let parts: Vec<Vec<f32>> = blocks
-        .par_iter()
-        .map(|&(n0, nn)| {
-            let mut part = vec![0.0f32; s.batch * nn];
-            gemm(Gemm {
-                m: nn,
-                n: s.batch,
-                k,
-                dst: &mut part,
-                dst_rs: 1,
-                dst_cs: nn,
-                accumulate: false,
-                lhs: &w[n0..],
-                lhs_rs: 1,
-                lhs_cs: n,
-                rhs: x,
-                rhs_rs: 1,
-                rhs_cs: k,
-            });
-            part
+    by_column_blocks(y, n, &split(n, 16, 64), |n0, nn, part| {
+        gemm(Gemm {
+            m: nn,
+            n: s.batch,
+            k,
+            dst: part,
+            dst_rs: 1,
+            dst_cs: nn,
+            accumulate: false,
+            lhs: &w[n0..],
+            lhs_rs: 1,
+            lhs_cs: n,
+            rhs: x,
+            rhs_rs: 1,
+            rhs_cs: k,
         })
-        .collect();
-    for (part, &(n0, nn)) in parts.iter().zip(&blocks) {
-        for (dst, src) in y.chunks_exact_mut(n).zip(part.chunks_exact(nn)) {
-            dst[n0..n0 + nn].copy_from_slice(src);
-        }
-    }
+    });
     if let Some(b) = b {
         for row in y.chunks_exact_mut(n) {
             for (v, &b) in row.iter_mut().zip(b) {
@@ -163,45 +177,34 @@ pub fn linear_backward(
         let blocks = split(k, 16, 64);
         if let Some(dx) = dx {
             assert_eq!(dx.len(), x.len(), "linear backward: input gradient length");
-            // dx[:, block] = dy . w[block, :]^T, each block into its own buffer (the blocks are
-            // column ranges of dx), then copied into place.
-            let parts: Vec<Vec<f32>> = blocks
-                .par_iter()
-                .map(|&(k0, kn)| {
-                    let mut part = vec![0.0f32; s.batch * kn];
-                    let product = |rhs: &[f32], rhs_rs, rhs_cs, part: &mut [f32]| {
-                        gemm(Gemm {
-                            m: s.batch,
-                            n: kn,
-                            k: n,
-                            dst: part,
-                            dst_rs: kn,
-                            dst_cs: 1,
-                            accumulate: false,
-                            lhs: dy,
-                            lhs_rs: n,
-                            lhs_cs: 1,
-                            rhs,
-                            rhs_rs,
-                            rhs_cs,
-                        })
-                    };
-                    if n >= TRANSPOSE_FROM {
-                        with_scratch(1, kn * n, |w_t| {
-                            transpose(&w[k0 * n..(k0 + kn) * n], kn, n, w_t);
-                            product(w_t, kn, 1, &mut part);
-                        });
-                    } else {
-                        product(&w[k0 * n..], 1, n, &mut part);
-                    }
-                    part
-                })
-                .collect();
-            for (part, &(k0, kn)) in parts.iter().zip(&blocks) {
-                for (dst, src) in dx.chunks_exact_mut(k).zip(part.chunks_exact(kn)) {
-                    dst[k0..k0 + kn].copy_from_slice(src);
+            // dx[:, block] = dy . w[block, :]^T.
+            by_column_blocks(dx, k, &blocks, |k0, kn, part| {
+                let product = |rhs: &[f32], rhs_rs, rhs_cs, part: &mut [f32]| {
+                    gemm(Gemm {
+                        m: s.batch,
+                        n: kn,
+                        k: n,
+                        dst: part,
+                        dst_rs: kn,
+                        dst_cs: 1,
+                        accumulate: false,
+                        lhs: dy,
+                        lhs_rs: n,
+                        lhs_cs: 1,
+                        rhs,
+                        rhs_rs,
+                        rhs_cs,
+                    })
+                };
+                if n >= TRANSPOSE_FROM {
+                    with_scratch(1, kn * n, |w_t| {
+                        transpose(&w[k0 * n..(k0 + kn) * n], kn, n, w_t);
+                        product(w_t, kn, 1, part);
+                    });
+                } else {
+                    product(&w[k0 * n..], 1, n, part);
                 }
-            }
+            });
         }
         if let Some(dw) = dw {
             assert_eq!(dw.len(), w.len(), "linear backward: weight gradient length");
