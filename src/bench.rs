@@ -355,7 +355,7 @@ pub fn run<B: AutodiffBackend>(
             .then(ember_kernels::cpu::peak::gemm_peak_gflops),
         train_step_ms,
         host: host_name(),
-        timestamp: crate::checkpoint::utc_stamp(std::time::SystemTime::now()),
+        timestamp: crate::files::utc_stamp(std::time::SystemTime::now()),
     }
 }
 

@@ -7,7 +7,6 @@
 //! last complete checkpoint loadable.
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use burn::module::Module;
@@ -17,6 +16,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
+use crate::files::{utc_stamp, write_atomic, FileError};
 use crate::model::Model;
 use crate::optim::Optimizer;
 
@@ -54,6 +54,8 @@ pub enum CheckpointError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Write(#[from] FileError),
     #[error("run directory {} already exists and is not empty; pass another --run-dir (ember never overwrites a run)", .0.display())]
     Exists(PathBuf),
     #[error("{}: not a checkpoint directory (no {CONFIG_FILE}); pass the run directory that `ember train` printed", .0.display())]
@@ -81,26 +83,6 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
         path: path.to_owned(),
         source,
     }
-}
-
-/// Writes `bytes` to `path` through a temporary file that is synced and renamed into place.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let tmp = path.with_extension(format!(
-        "{}.tmp",
-        path.extension().and_then(|e| e.to_str()).unwrap_or("")
-    ));
-    let mut file = fs::File::create(&tmp).map_err(io(&tmp))?;
-    file.write_all(bytes).map_err(io(&tmp))?;
-    file.sync_all().map_err(io(&tmp))?;
-    drop(file);
-    fs::rename(&tmp, path).map_err(io(path))?;
-    // The rename is durable once the directory entry is.
-    if let Some(dir) = path.parent() {
-        if let Ok(d) = fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-    }
-    Ok(())
 }
 
 /// A run's directory.
@@ -151,7 +133,7 @@ impl RunDir {
 
     pub fn save_config(&self, config: &TrainConfig) -> Result<(), CheckpointError> {
         let json = serde_json::to_vec_pretty(config).expect("configs serialise");
-        write_atomic(&self.file(CONFIG_FILE), &json)
+        Ok(write_atomic(&self.file(CONFIG_FILE), &json)?)
     }
 
     pub fn load_config(&self) -> Result<TrainConfig, CheckpointError> {
@@ -252,51 +234,12 @@ pub fn optimizer_bytes<B: AutodiffBackend>(optim: &Optimizer<Model<B>, B>) -> Ve
     Recorder::<B>::record(&Rec::default(), optim.to_record(), ()).expect("in-memory records serialise")
 }
 
-/// `YYYYmmdd-HHMMSS` in UTC.
-pub fn utc_stamp(time: std::time::SystemTime) -> String {
-    let secs = time
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Howard Hinnant's days-to-civil conversion.
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::Recipe;
     use crate::train::init_model;
     use burn::backend::NdArray;
-    use std::time::{Duration, UNIX_EPOCH};
-
-    #[test]
-    fn stamps_in_utc() {
-        // date -u -d @1764672000 +%Y%m%d-%H%M%S
-        assert_eq!(
-            utc_stamp(UNIX_EPOCH + Duration::from_secs(1_764_672_000)),
-            "20251202-104000"
-        );
-        assert_eq!(
-            utc_stamp(UNIX_EPOCH + Duration::from_secs(951_782_400)),
-            "20000229-000000"
-        );
-    }
 
     #[test]
     fn never_reuses_a_non_empty_directory() {

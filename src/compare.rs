@@ -97,7 +97,7 @@ pub fn run(opts: &CompareOptions) -> Result<PathBuf> {
         Some(dir) => dir.clone(),
         None => {
             let host = records.first().map_or("host".to_string(), |r| r.host.clone());
-            let date = crate::checkpoint::utc_stamp(std::time::SystemTime::now());
+            let date = crate::files::utc_stamp(std::time::SystemTime::now());
             let day = format!("{}-{}-{}", &date[..4], &date[4..6], &date[6..8]);
             PathBuf::from("benches/results").join(format!("{day}-{host}-{device_slug}"))
         }

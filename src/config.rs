@@ -29,6 +29,15 @@ impl Recipe {
         }
     }
 
+    /// The recipe that trains `model` in the seed runs (its data normalisation, optimizer).
+    pub fn of_model(model: ModelKind) -> Self {
+        match model {
+            ModelKind::PytorchExampleNet => Self::PytorchExample,
+            ModelKind::TchNet => Self::Tch,
+            ModelKind::FlashlightCnn => Self::Flashlight,
+        }
+    }
+
     /// The seed run's settings.
     pub fn config(self) -> TrainConfig {
         let base = TrainConfig {

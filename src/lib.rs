@@ -12,6 +12,7 @@ pub mod cli;
 pub mod compare;
 pub mod config;
 pub mod data;
+pub mod files;
 pub mod gpu;
 pub mod import;
 pub mod memory;

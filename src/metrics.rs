@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::checkpoint::{write_atomic, CheckpointError};
+use crate::files::{write_atomic, FileError};
 use crate::plot::{line_panels, Line, Panel, PlotError};
 
 pub const METRICS_FILE: &str = "metrics.csv";
@@ -44,7 +44,7 @@ pub enum MetricsError {
         reason: String,
     },
     #[error(transparent)]
-    Write(#[from] CheckpointError),
+    Write(#[from] FileError),
     #[error(transparent)]
     Plot(#[from] PlotError),
 }

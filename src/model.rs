@@ -44,15 +44,6 @@ impl ModelKind {
         }
     }
 
-    /// The recipe that trains this model in the seed runs (its data normalisation, optimizer).
-    pub fn recipe(self) -> crate::config::Recipe {
-        match self {
-            Self::PytorchExampleNet => crate::config::Recipe::PytorchExample,
-            Self::TchNet => crate::config::Recipe::Tch,
-            Self::FlashlightCnn => crate::config::Recipe::Flashlight,
-        }
-    }
-
     /// The model with every dropout probability 0: deterministic in training mode, for
     /// comparing gradients with PyTorch.
     pub fn init_without_dropout<B: Backend>(self, device: &B::Device) -> Model<B> {

@@ -15,7 +15,7 @@ use image::imageops::FilterType;
 use image::{GrayImage, Luma};
 use serde::Serialize;
 
-use crate::data::{DeviceSplit, Normalization, Split, IMAGE_PIXELS, IMAGE_SIDE};
+use crate::data::{Dataset, DeviceSplit, Normalization, Split, IMAGE_PIXELS, IMAGE_SIDE};
 use crate::model::Model;
 
 /// A file that could not be classified.
@@ -39,6 +39,23 @@ pub struct Prediction {
     pub file: String,
     pub prediction: usize,
     pub top3: Vec<Guess>,
+}
+
+impl Prediction {
+    /// `FILE: CLASS  (CLASS: P%, CLASS: P%, CLASS: P%)`, the line `ember predict` prints.
+    pub fn text(&self, dataset: Dataset) -> String {
+        let guesses: Vec<String> = self
+            .top3
+            .iter()
+            .map(|g| format!("{}: {:.2}%", dataset.class_name(g.class), 100.0 * g.probability))
+            .collect();
+        format!(
+            "{}: {}  ({})",
+            self.file,
+            dataset.class_name(self.prediction),
+            guesses.join(", ")
+        )
+    }
 }
 
 /// Reads `path` and turns it into the 784 pixels the model expects.

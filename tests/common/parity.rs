@@ -210,7 +210,7 @@ pub fn check<B: AutodiffBackend>(
         compare(&fixture, &format!("grad.{name}"), &by_name[&name], tol.grads)?;
     }
 
-    let config = kind.recipe().config();
+    let config = ember::config::Recipe::of_model(kind).config();
     assert_eq!(
         fixture.meta["optimizer"],
         format!("{:?}", config.optimizer.kind).to_lowercase()

@@ -1,0 +1,99 @@
+//! `ember bench`: times one scenario's training steps and evaluation.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use burn::tensor::backend::AutodiffBackend;
+use clap::Args;
+
+use super::DataArgs;
+use crate::backend::{self, BackendTask, DeviceArg, DeviceInfo};
+use crate::data::{Dataset, Mnist};
+
+/// How much `ember bench` and `ember compare` measure.
+#[derive(Debug, Args)]
+pub struct MeasureArgs {
+    /// Untimed training steps before timing.
+    #[arg(long, default_value_t = 10)]
+    pub warmup: usize,
+    /// Training steps per timed repeat.
+    #[arg(long, default_value_t = 20)]
+    pub steps: usize,
+    /// Timed repeats (median, min and max are over these).
+    #[arg(long, default_value_t = 5)]
+    pub repeats: usize,
+    /// Timed passes over the test set for evaluation throughput.
+    #[arg(long, default_value_t = 3)]
+    pub eval_repeats: usize,
+    /// Also time one full training epoch instead of estimating it from the step time.
+    #[arg(long)]
+    pub full_epoch: bool,
+}
+
+impl MeasureArgs {
+    pub(super) fn settings(&self) -> Result<crate::bench::Settings> {
+        for (flag, v) in [("--steps", self.steps), ("--repeats", self.repeats)] {
+            anyhow::ensure!(v > 0, "{flag} must be at least 1");
+        }
+        Ok(crate::bench::Settings {
+            warmup_steps: self.warmup,
+            timed_steps: self.steps,
+            repeats: self.repeats,
+            eval_repeats: self.eval_repeats,
+            full_epoch: self.full_epoch,
+        })
+    }
+}
+
+/// `ember bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// What to measure.
+    #[arg(long, value_enum)]
+    pub scenario: crate::bench::Scenario,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceArg,
+    #[command(flatten)]
+    pub measure: MeasureArgs,
+    /// Write the record (benches/schema.json) to this file.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<PathBuf>,
+    #[command(flatten)]
+    pub data: DataArgs,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let settings = args.measure.settings()?;
+    backend::resolve(args.device)?;
+    let data = Mnist::load(&args.data.source(Dataset::Mnist))?;
+    let record = backend::dispatch(
+        args.device,
+        BenchTask {
+            scenario: args.scenario,
+            settings,
+            data,
+        },
+    )?;
+    println!("{}", record.line());
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&record)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+struct BenchTask {
+    scenario: crate::bench::Scenario,
+    settings: crate::bench::Settings,
+    data: Mnist,
+}
+
+impl BackendTask for BenchTask {
+    type Output = crate::bench::BenchRecord;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device, info: DeviceInfo) -> Self::Output {
+        let gpu = info.cuda.and_then(crate::gpu::GpuMonitor::new);
+        crate::bench::run::<B>(self.scenario, self.settings, &self.data, &device, &info, gpu)
+    }
+}

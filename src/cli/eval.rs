@@ -1,0 +1,80 @@
+//! `ember eval`: a checkpoint's test loss and accuracy.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use burn::tensor::backend::AutodiffBackend;
+use clap::Args;
+
+use super::DataArgs;
+use crate::backend::{self, BackendTask, DeviceArg, DeviceInfo};
+use crate::checkpoint::RunDir;
+use crate::config::TrainConfig;
+use crate::data::{DeviceSplit, Mnist};
+use crate::train;
+
+/// `ember eval`.
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// Run directory written by `ember train` or `ember import` (its latest checkpoint).
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: PathBuf,
+    /// Input batch size for testing [default: the checkpoint's].
+    #[arg(long)]
+    pub test_batch_size: Option<usize>,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: DeviceArg,
+    #[command(flatten)]
+    pub data: DataArgs,
+}
+
+pub fn run(args: EvalArgs) -> Result<()> {
+    let run = RunDir::open(&args.checkpoint)?;
+    let mut config = run.load_config()?;
+    if let Some(n) = args.test_batch_size {
+        config.test_batch_size = n;
+    }
+    config.validate()?;
+    let dataset = args.data.dataset.unwrap_or(config.dataset);
+    backend::resolve(args.device)?;
+    let data = Mnist::load(&args.data.source(dataset))?;
+    backend::dispatch(args.device, EvalTask { config, data, run })?
+}
+
+struct EvalTask {
+    config: TrainConfig,
+    data: Mnist,
+    run: RunDir,
+}
+
+impl BackendTask for EvalTask {
+    type Output = Result<()>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
+        let Self { config, data, run } = self;
+        let model = run
+            .load_model::<B::InnerBackend>(&config, &device)
+            .with_context(|| format!("loading the checkpoint in {}", run.path.display()))?;
+        let mut test = data.test;
+        if let Some(n) = config.limit_test {
+            test.truncate(n);
+        }
+        let test = DeviceSplit::<B::InnerBackend>::upload(&test, config.normalization, &device);
+        let stats = train::evaluate(&model, &test, config.test_batch_size);
+        println!(
+            "ember eval: {} ({}, {} test), {info}",
+            run.path.display(),
+            config.model.name(),
+            config.dataset
+        );
+        println!(
+            "test loss {:.4}  accuracy {}  {:.2} s  {:.0} img/s",
+            stats.loss,
+            stats.accuracy_text(),
+            stats.seconds,
+            stats.images_per_sec()
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,96 @@
+//! `ember predict`: classifies image files with a checkpoint.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use burn::tensor::backend::AutodiffBackend;
+use clap::Args;
+
+use crate::backend::{self, BackendTask, DeviceArg, DeviceInfo};
+use crate::checkpoint::RunDir;
+use crate::config::TrainConfig;
+
+/// `ember predict`.
+#[derive(Debug, Args)]
+pub struct PredictArgs {
+    /// Run directory with the checkpoint to use.
+    #[arg(long, value_name = "DIR")]
+    pub checkpoint: PathBuf,
+    /// Print one JSON array instead of text.
+    #[arg(long)]
+    pub json: bool,
+    /// auto, cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: DeviceArg,
+    /// Images to classify, any size or colour; light backgrounds are inverted.
+    #[arg(required = true, value_name = "IMAGE")]
+    pub images: Vec<PathBuf>,
+}
+
+pub fn run(args: PredictArgs) -> Result<()> {
+    let run = RunDir::open(&args.checkpoint)?;
+    let config = run.load_config()?;
+    backend::resolve(args.device)?;
+    backend::dispatch(
+        args.device,
+        PredictTask {
+            config,
+            run,
+            json: args.json,
+            images: args.images,
+        },
+    )?
+}
+
+struct PredictTask {
+    config: TrainConfig,
+    run: RunDir,
+    json: bool,
+    images: Vec<PathBuf>,
+}
+
+impl BackendTask for PredictTask {
+    type Output = Result<()>;
+
+    fn run<B: AutodiffBackend>(self, device: B::Device, _info: DeviceInfo) -> Result<()> {
+        use crate::predict;
+        let Self {
+            config,
+            run,
+            json,
+            images,
+        } = self;
+        let model = run.load_model::<B::InnerBackend>(&config, &device)?;
+        let loaded: Vec<Result<_, predict::PredictError>> = images.iter().map(|p| predict::load(p)).collect();
+        let good: Vec<_> = loaded.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
+        let mut probs = predict::probabilities(&model, &good, config.normalization, &device).into_iter();
+        let mut entries = Vec::new();
+        let mut failed = 0;
+        for (path, result) in images.iter().zip(&loaded) {
+            let file = path.display().to_string();
+            match result {
+                Ok(_) => {
+                    let p = predict::top3(&file, &probs.next().expect("one row per image"));
+                    if !json {
+                        println!("{}", p.text(config.dataset));
+                    }
+                    entries.push(serde_json::to_value(&p)?);
+                }
+                Err(e) => {
+                    failed += 1;
+                    eprintln!("Error: {e}");
+                    entries.push(serde_json::json!({ "file": file, "error": e.to_string() }));
+                }
+            }
+        }
+        if json {
+            println!("{}", serde_json::to_string_pretty(&entries)?);
+        }
+        anyhow::ensure!(
+            failed == 0,
+            "{failed} of {} files could not be classified",
+            images.len()
+        );
+        Ok(())
+    }
+}

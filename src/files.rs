@@ -1,0 +1,86 @@
+//! File and time helpers that checkpoints, metrics, `ember bench` and `ember compare` share.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// A file that could not be written, by path.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {source}", path.display())]
+pub struct FileError {
+    pub path: PathBuf,
+    #[source]
+    pub source: std::io::Error,
+}
+
+fn err(path: &Path) -> impl FnOnce(std::io::Error) -> FileError + '_ {
+    move |source| FileError {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file that is synced and renamed into place.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
+    let tmp = path.with_extension(format!(
+        "{}.tmp",
+        path.extension().and_then(|e| e.to_str()).unwrap_or("")
+    ));
+    let mut file = fs::File::create(&tmp).map_err(err(&tmp))?;
+    file.write_all(bytes).map_err(err(&tmp))?;
+    file.sync_all().map_err(err(&tmp))?;
+    drop(file);
+    fs::rename(&tmp, path).map_err(err(path))?;
+    // The rename is durable once the directory entry is.
+    if let Some(dir) = path.parent() {
+        if let Ok(d) = fs::File::open(dir) {
+            let _ = d.sync_all();
+        }
+    }
+    Ok(())
+}
+
+/// `YYYYmmdd-HHMMSS` in UTC.
+pub fn utc_stamp(time: std::time::SystemTime) -> String {
+    let secs = time
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's days-to-civil conversion.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}{month:02}{day:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+
+    #[test]
+    fn stamps_in_utc() {
+        // date -u -d @1764672000 +%Y%m%d-%H%M%S
+        assert_eq!(
+            utc_stamp(UNIX_EPOCH + Duration::from_secs(1_764_672_000)),
+            "20251202-104000"
+        );
+        assert_eq!(
+            utc_stamp(UNIX_EPOCH + Duration::from_secs(951_782_400)),
+            "20000229-000000"
+        );
+    }
+}
