@@ -19,24 +19,16 @@ use crate::config::TrainConfig;
 use crate::files::{utc_stamp, write_atomic, FileError};
 use crate::model::Model;
 use crate::optim::Optimizer;
+use crate::progress::Progress;
 
 pub const CONFIG_FILE: &str = "config.json";
 pub const STATE_FILE: &str = "state.json";
 
-/// Where training stands at a checkpoint.
+/// `state.json`: where training stands, and the record files that hold it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TrainState {
-    /// Completed epochs.
-    pub epoch: usize,
-    /// Steps already done in epoch `epoch` (0-based) when the checkpoint was taken inside it
-    /// (an interrupted run); 0 at epoch boundaries.
-    pub step_in_epoch: usize,
-    /// Optimizer steps since the start of the run.
-    pub global_step: usize,
-    /// Sum of the batch losses of the interrupted epoch's done steps.
-    pub partial_loss_sum: f64,
-    /// Training seconds of the interrupted epoch's done steps.
-    pub partial_seconds: f64,
+    #[serde(flatten)]
+    pub progress: Progress,
     /// Model record file, in the run directory.
     pub model_file: String,
     /// Optimizer record file; none for imported weights.
@@ -143,15 +135,19 @@ impl RunDir {
     }
 
     /// Commits a checkpoint: `model`, the optimizer record bytes (see [`optimizer_bytes`]) and
-    /// `state` (whose file names are filled in here); then removes older record files.
+    /// `progress`; then removes older record files.
     pub fn save_checkpoint<B: Backend>(
         &self,
         model: &Model<B>,
         optimizer: Option<Vec<u8>>,
-        mut state: TrainState,
+        progress: &Progress,
     ) -> Result<(), CheckpointError> {
-        let tag = format!("e{:04}-s{:07}", state.epoch, state.global_step);
-        state.model_file = format!("model-{tag}.mpk");
+        let tag = format!("e{:04}-s{:07}", progress.epoch, progress.global_step);
+        let mut state = TrainState {
+            progress: progress.clone(),
+            model_file: format!("model-{tag}.mpk"),
+            optimizer_file: None,
+        };
         let bytes = Recorder::<B>::record(&Rec::default(), model.clone().into_record(), ())
             .expect("in-memory records serialise");
         write_atomic(&self.file(&state.model_file), &bytes)?;
@@ -208,7 +204,7 @@ impl RunDir {
         Ok(config.model.init::<B>(device).load_record(record))
     }
 
-    /// The latest checkpoint's model, optimizer and state, to resume training.
+    /// The latest checkpoint's model, optimizer and progress, to resume training.
     pub fn load_training<B: AutodiffBackend>(
         &self,
         config: &TrainConfig,
@@ -222,12 +218,12 @@ impl RunDir {
         let model = self.load_model::<B>(config, device)?;
         let record = self.load_record::<B, _>(&name, device)?;
         let optim = config.optimizer.init::<B, Model<B>>().load_record(record);
-        Ok((model, optim, state))
+        Ok((model, optim, state.progress))
     }
 }
 
 /// What training resumes from: model, optimizer and where they stood.
-pub type Resumed<B> = (Model<B>, Optimizer<Model<B>, B>, TrainState);
+pub type Resumed<B> = (Model<B>, Optimizer<Model<B>, B>, Progress);
 
 /// The optimizer's state as record bytes, for [`RunDir::save_checkpoint`].
 pub fn optimizer_bytes<B: AutodiffBackend>(optim: &Optimizer<Model<B>, B>) -> Vec<u8> {
@@ -259,7 +255,7 @@ mod tests {
         let device = Default::default();
         let model = init_model::<NdArray>(&config, &device);
         run.save_config(&config).unwrap();
-        run.save_checkpoint(&model, None, TrainState::default()).unwrap();
+        run.save_checkpoint(&model, None, &Progress::default()).unwrap();
         let reopened = RunDir::open(&run.path).unwrap();
         let loaded_config = reopened.load_config().unwrap();
         assert_eq!(loaded_config, config);
@@ -293,7 +289,7 @@ mod tests {
         let config = Recipe::PytorchExample.config();
         run.save_config(&config).unwrap();
         let model = init_model::<NdArray>(&config, &Default::default());
-        run.save_checkpoint(&model, None, TrainState::default()).unwrap();
+        run.save_checkpoint(&model, None, &Progress::default()).unwrap();
         let state = run.load_state().unwrap();
         fs::write(run.file(&state.model_file), b"\x93garbage").unwrap();
         let err = run

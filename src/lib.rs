@@ -21,5 +21,6 @@ pub mod model;
 pub mod optim;
 pub mod plot;
 pub mod predict;
+pub mod progress;
 pub mod run;
 pub mod train;

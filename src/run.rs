@@ -9,13 +9,14 @@ use burn::module::Module;
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::checkpoint::{optimizer_bytes, CheckpointError, RunDir, TrainState};
+use crate::checkpoint::{optimizer_bytes, CheckpointError, RunDir};
 use crate::config::TrainConfig;
 use crate::data::DeviceSplit;
 use crate::metrics::{self, MetricsError, MetricsRow, CURVES_FILE};
 use crate::model::Model;
 use crate::optim::Optimizer;
-use crate::train::{self, EpochControl, EpochEnd, EvalStats, Splits, StepInfo};
+use crate::progress::Progress;
+use crate::train::{self, EpochControl, EpochEnd, EpochStats, EvalStats, Splits, StepInfo};
 
 /// Set by the Ctrl-C handler; the training loop stops after the current step.
 pub static INTERRUPTED: AtomicBool = AtomicBool::new(false);
@@ -81,13 +82,22 @@ impl Output {
             bars: !quiet && std::io::stderr().is_terminal(),
         }
     }
+
+    /// Steps between loss checks (each a device sync).
+    fn check_every(&self) -> usize {
+        match (self.log_interval, self.bars) {
+            (0, true) => 10,
+            (0, false) => 100,
+            (n, _) => n,
+        }
+    }
 }
 
 /// Where training starts from.
 pub struct Start<B: AutodiffBackend> {
     pub model: Model<B>,
     pub optim: Optimizer<Model<B>, B>,
-    pub state: TrainState,
+    pub progress: Progress,
     pub rows: Vec<MetricsRow>,
 }
 
@@ -97,24 +107,24 @@ impl<B: AutodiffBackend> Start<B> {
         Self {
             model: train::init_model::<B>(config, device),
             optim: config.optimizer.init::<B, _>(),
-            state: TrainState::default(),
+            progress: Progress::default(),
             rows: Vec::new(),
         }
     }
 
     /// The run's latest checkpoint and metrics.
     pub fn resume(run: &RunDir, config: &TrainConfig, device: &B::Device) -> Result<Self, RunError> {
-        let (model, optim, state) = run.load_training::<B>(config, device)?;
+        let (model, optim, progress) = run.load_training::<B>(config, device)?;
         let mut rows = match metrics::read(&run.path) {
             Ok(rows) => rows,
             Err(MetricsError::Io { .. }) => Vec::new(),
             Err(e) => return Err(e.into()),
         };
-        rows.retain(|r| r.epoch <= state.epoch);
+        rows.retain(|r| r.epoch <= progress.epoch);
         Ok(Self {
             model,
             optim,
-            state,
+            progress,
             rows,
         })
     }
@@ -129,21 +139,24 @@ pub fn num(x: f64, decimals: usize) -> String {
     }
 }
 
-fn save<B: AutodiffBackend>(
-    run: &RunDir,
-    model: &Model<B>,
-    optim: &Optimizer<Model<B>, B>,
-    state: &TrainState,
-) -> Result<(), RunError> {
-    run.save_checkpoint(model, Some(optimizer_bytes(optim)), state.clone())?;
-    Ok(())
+/// Writes checkpoints into the run directory, unless `--save-model=false`.
+struct Checkpoints<'a> {
+    run: &'a RunDir,
+    enabled: bool,
 }
 
-fn describe(state: &TrainState) -> String {
-    if state.step_in_epoch == 0 {
-        format!("epoch {}", state.epoch)
-    } else {
-        format!("epoch {}, step {}", state.epoch + 1, state.step_in_epoch)
+impl Checkpoints<'_> {
+    fn save<B: AutodiffBackend>(
+        &self,
+        model: &Model<B>,
+        optim: &Optimizer<Model<B>, B>,
+        progress: &Progress,
+    ) -> Result<(), RunError> {
+        if self.enabled {
+            self.run
+                .save_checkpoint(model, Some(optimizer_bytes(optim)), progress)?;
+        }
+        Ok(())
     }
 }
 
@@ -159,171 +172,55 @@ pub fn train<B: AutodiffBackend>(
     let Start {
         mut model,
         mut optim,
-        mut state,
+        mut progress,
         mut rows,
     } = start;
-    if state.epoch >= config.epochs {
-        return Err(RunError::Complete(run.path.display().to_string(), state.epoch));
+    if progress.epoch >= config.epochs {
+        return Err(RunError::Complete(run.path.display().to_string(), progress.epoch));
     }
-    if save_model && state.global_step == 0 && state.epoch == 0 {
-        save(run, &model, &optim, &state)?;
+    let checkpoints = Checkpoints {
+        run,
+        enabled: save_model,
+    };
+    if progress.is_start() {
+        checkpoints.save(&model, &optim, &progress)?;
     }
     let schedule = config.schedule();
-    let check_every = if out.log_interval > 0 {
-        out.log_interval
-    } else if out.bars {
-        10
-    } else {
-        100
-    };
     let mut last = None;
-    while state.epoch < config.epochs {
-        let epoch = state.epoch;
-        let lr = schedule.lr(epoch);
-        let steps = splits.train.len().div_ceil(config.batch_size);
-        let bar = out.bars.then(|| {
-            let bar = ProgressBar::new(steps as u64).with_style(
-                ProgressStyle::with_template(
-                    "epoch {prefix} [{bar:30}] {pos}/{len} {msg} {per_sec} eta {eta}",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
-            );
-            bar.set_prefix(format!("{}/{}", epoch + 1, config.epochs));
-            bar.set_position(state.step_in_epoch as u64);
-            bar
-        });
-        let mut on_step = |s: StepInfo| {
-            if let Some(bar) = &bar {
-                bar.set_position(s.step as u64);
-                if let Some(loss) = s.loss {
-                    bar.set_message(format!("loss {} |", num(loss, 4)));
-                }
-            } else if let (Some(loss), false, true) = (s.loss, out.quiet, out.log_interval > 0) {
-                println!(
-                    "train epoch {} [{}/{} ({:.0}%)] loss {}",
-                    s.epoch + 1,
-                    s.seen,
-                    s.total,
-                    100.0 * s.seen as f64 / s.total as f64,
-                    num(loss, 6)
-                );
-            }
-        };
-        let stop = || INTERRUPTED.load(Ordering::SeqCst);
+    while progress.epoch < config.epochs {
+        let lr = schedule.lr(progress.epoch);
+        let mut reporter = StepReporter::new(config, splits.train.len(), &progress, out);
         let control = EpochControl {
-            start_step: state.step_in_epoch,
-            done_loss_sum: state.partial_loss_sum,
-            done_seconds: state.partial_seconds,
-            global_step: state.global_step,
-            check_every,
-            on_step: &mut on_step,
-            stop: &stop,
+            from: &progress,
+            check_every: out.check_every(),
+            on_step: &mut |s| reporter.step(s),
+            stop: &|| INTERRUPTED.load(Ordering::SeqCst),
         };
-        let done_before = state.step_in_epoch;
-        let (trained, end) = train::train_epoch(model, &mut optim, &splits.train, config, epoch, lr, control);
+        let (trained, end) = train::train_epoch(model, &mut optim, &splits.train, config, lr, control);
         model = trained;
-        if let Some(bar) = &bar {
-            bar.finish_and_clear();
-        }
+        reporter.finish();
         let stats = match end {
             EpochEnd::Done(stats) => stats,
             EpochEnd::NonFinite { step, steps } => {
-                return Err(RunError::NonFinite {
-                    epoch: epoch + 1,
-                    step,
-                    steps,
-                    lr,
-                    saved: if save_model {
-                        describe(&state)
-                    } else {
-                        "none: --save-model=false".into()
-                    },
-                    dir: run.path.display().to_string(),
-                })
+                return Err(non_finite(run, save_model, &progress, lr, step, steps))
             }
             EpochEnd::Stopped {
                 steps_done,
                 loss_sum,
                 seconds,
             } => {
-                state.global_step += steps_done - done_before;
-                state.step_in_epoch = steps_done;
-                state.partial_loss_sum = loss_sum;
-                state.partial_seconds = seconds;
-                let saved = if save_model {
-                    save(run, &model, &optim, &state)?;
-                    format!(
-                        "checkpoint written to {}; continue with: ember train --resume {}",
-                        run.path.display(),
-                        run.path.display()
-                    )
-                } else {
-                    "no checkpoint written (--save-model=false)".into()
-                };
-                return Err(RunError::Interrupted {
-                    epoch: epoch + 1,
-                    step: steps_done,
-                    saved,
-                });
+                progress.stop_inside(steps_done, loss_sum, seconds);
+                checkpoints.save(&model, &optim, &progress)?;
+                return Err(interrupted(run, save_model, &progress));
             }
         };
-        state.global_step += stats.steps - done_before;
-        state.epoch += 1;
-        state.step_in_epoch = 0;
-        state.partial_loss_sum = 0.0;
-        state.partial_seconds = 0.0;
-
-        let valid = splits
-            .valid
-            .as_ref()
-            .map(|v| train::evaluate_trained(&model, v, config.test_batch_size));
-        let test = train::evaluate_trained(&model, &splits.test, config.test_batch_size);
-        rows.push(MetricsRow {
-            epoch: state.epoch,
-            step: state.global_step,
-            lr,
-            train_loss: stats.loss,
-            valid_loss: valid.map(|v| v.loss),
-            valid_accuracy: valid.map(|v| v.accuracy()),
-            test_loss: test.loss,
-            test_accuracy: test.accuracy(),
-            seconds: stats.seconds,
-            images_per_sec: stats.images_per_sec(),
-        });
-        metrics::write(&run.path, &rows)?;
-        let name = run
-            .path
-            .file_name()
-            .map_or("run".into(), |n| n.to_string_lossy().to_string());
-        metrics::draw_curves(&run.path.join(CURVES_FILE), &[(name, rows.clone())])?;
-        if save_model {
-            save(run, &model, &optim, &state)?;
-        }
+        progress.finish_epoch(stats.steps);
+        let (row, test) = finish_epoch(&model, splits, config, &progress, lr, &stats);
+        rows.push(row);
+        write_metrics(run, &rows)?;
+        checkpoints.save(&model, &optim, &progress)?;
         if !out.quiet {
-            let mut line = format!(
-                "epoch {:>3}/{}  lr {}  train loss {}",
-                state.epoch,
-                config.epochs,
-                num(lr, 6),
-                num(stats.loss, 4)
-            );
-            if let Some(v) = valid {
-                line += &format!(
-                    "  valid loss {} accuracy {:.2}%",
-                    num(v.loss, 4),
-                    100.0 * v.accuracy()
-                );
-            }
-            line += &format!(
-                "  test loss {}  accuracy {}  train {:.1} s  {:.0} img/s  eval {:.1} s",
-                num(test.loss, 4),
-                test.accuracy_text(),
-                stats.seconds,
-                stats.images_per_sec(),
-                test.seconds
-            );
-            println!("{line}");
+            println!("{}", epoch_line(config, &rows[rows.len() - 1], &test));
         }
         last = Some(test);
     }
@@ -339,6 +236,160 @@ pub fn train<B: AutodiffBackend>(
         test.accuracy_text()
     );
     Ok(test)
+}
+
+/// The error that reports a non-finite loss at `step` of `steps`; nothing was saved after
+/// `progress`.
+fn non_finite(
+    run: &RunDir,
+    saved: bool,
+    progress: &Progress,
+    lr: f64,
+    step: usize,
+    steps: usize,
+) -> RunError {
+    RunError::NonFinite {
+        epoch: progress.epoch + 1,
+        step,
+        steps,
+        lr,
+        saved: if saved {
+            progress.describe()
+        } else {
+            "none: --save-model=false".into()
+        },
+        dir: run.path.display().to_string(),
+    }
+}
+
+/// The error that reports a stop inside an epoch, after its checkpoint was written.
+fn interrupted(run: &RunDir, saved: bool, progress: &Progress) -> RunError {
+    RunError::Interrupted {
+        epoch: progress.epoch + 1,
+        step: progress.step_in_epoch,
+        saved: if saved {
+            format!(
+                "checkpoint written to {}; continue with: ember train --resume {}",
+                run.path.display(),
+                run.path.display()
+            )
+        } else {
+            "no checkpoint written (--save-model=false)".into()
+        },
+    }
+}
+
+/// Evaluates the model after an epoch; returns its metrics row and the test evaluation.
+fn finish_epoch<B: AutodiffBackend>(
+    model: &Model<B>,
+    splits: &Splits<B::InnerBackend>,
+    config: &TrainConfig,
+    progress: &Progress,
+    lr: f64,
+    stats: &EpochStats,
+) -> (MetricsRow, EvalStats) {
+    let valid = splits
+        .valid
+        .as_ref()
+        .map(|v| train::evaluate_trained(model, v, config.test_batch_size));
+    let test = train::evaluate_trained(model, &splits.test, config.test_batch_size);
+    let row = MetricsRow {
+        epoch: progress.epoch,
+        step: progress.global_step,
+        lr,
+        train_loss: stats.loss,
+        valid_loss: valid.map(|v| v.loss),
+        valid_accuracy: valid.map(|v| v.accuracy()),
+        test_loss: test.loss,
+        test_accuracy: test.accuracy(),
+        seconds: stats.seconds,
+        images_per_sec: stats.images_per_sec(),
+    };
+    (row, test)
+}
+
+/// `metrics.csv` and `curves.png` of the run so far.
+fn write_metrics(run: &RunDir, rows: &[MetricsRow]) -> Result<(), RunError> {
+    metrics::write(&run.path, rows)?;
+    let name = run
+        .path
+        .file_name()
+        .map_or("run".into(), |n| n.to_string_lossy().to_string());
+    metrics::draw_curves(&run.path.join(CURVES_FILE), &[(name, rows.to_vec())])?;
+    Ok(())
+}
+
+/// The line printed after each epoch.
+fn epoch_line(config: &TrainConfig, row: &MetricsRow, test: &EvalStats) -> String {
+    let mut line = format!(
+        "epoch {:>3}/{}  lr {}  train loss {}",
+        row.epoch,
+        config.epochs,
+        num(row.lr, 6),
+        num(row.train_loss, 4)
+    );
+    if let (Some(loss), Some(accuracy)) = (row.valid_loss, row.valid_accuracy) {
+        line += &format!("  valid loss {} accuracy {:.2}%", num(loss, 4), 100.0 * accuracy);
+    }
+    line += &format!(
+        "  test loss {}  accuracy {}  train {:.1} s  {:.0} img/s  eval {:.1} s",
+        num(test.loss, 4),
+        test.accuracy_text(),
+        row.seconds,
+        row.images_per_sec,
+        test.seconds
+    );
+    line
+}
+
+/// Shows an epoch's steps: a progress bar on a terminal, else a line every `--log-interval`
+/// steps (none by default).
+struct StepReporter {
+    bar: Option<ProgressBar>,
+    out: Output,
+}
+
+impl StepReporter {
+    fn new(config: &TrainConfig, train_len: usize, progress: &Progress, out: Output) -> Self {
+        let steps = train_len.div_ceil(config.batch_size);
+        let bar = out.bars.then(|| {
+            let bar = ProgressBar::new(steps as u64).with_style(
+                ProgressStyle::with_template(
+                    "epoch {prefix} [{bar:30}] {pos}/{len} {msg} {per_sec} eta {eta}",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
+            );
+            bar.set_prefix(format!("{}/{}", progress.epoch + 1, config.epochs));
+            bar.set_position(progress.step_in_epoch as u64);
+            bar
+        });
+        Self { bar, out }
+    }
+
+    fn step(&mut self, s: StepInfo) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(s.step as u64);
+            if let Some(loss) = s.loss {
+                bar.set_message(format!("loss {} |", num(loss, 4)));
+            }
+        } else if let (Some(loss), false, true) = (s.loss, self.out.quiet, self.out.log_interval > 0) {
+            println!(
+                "train epoch {} [{}/{} ({:.0}%)] loss {}",
+                s.epoch + 1,
+                s.seen,
+                s.total,
+                100.0 * s.seen as f64 / s.total as f64,
+                num(loss, 6)
+            );
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
 }
 
 /// Header printed before training.

@@ -21,6 +21,7 @@ use crate::config::{ConfigError, TrainConfig};
 use crate::data::{indices, DeviceSplit, Mnist};
 use crate::model::Model;
 use crate::optim::Optimizer;
+use crate::progress::Progress;
 
 /// Mean negative log-likelihood of `targets` under the model's output; cross-entropy when the
 /// output is logits. Matches `F.nll_loss` / `F.cross_entropy` with `reduction="mean"`.
@@ -156,13 +157,8 @@ impl EpochStats {
 
 /// Where an epoch starts and how it is watched.
 pub struct EpochControl<'a> {
-    /// Steps of this epoch already done (an interrupted epoch being resumed).
-    pub start_step: usize,
-    /// Their summed batch losses and training seconds.
-    pub done_loss_sum: f64,
-    pub done_seconds: f64,
-    /// Optimizer steps of the run before this epoch's first step still to do.
-    pub global_step: usize,
+    /// The epoch to train and the steps of it already done (an interrupted epoch resumed).
+    pub from: &'a Progress,
     /// Read the loss and check it is finite every this many steps (each a device sync);
     /// it is always checked at the end of the epoch.
     pub check_every: usize,
@@ -189,7 +185,8 @@ pub enum EpochEnd {
     },
 }
 
-/// Trains `model` for epoch `epoch` at learning rate `lr`, from `control.start_step` on.
+/// Trains `model` for epoch `control.from.epoch` at learning rate `lr`, from its first step
+/// not yet done on.
 ///
 /// Each step reseeds the backend's generator from `(seed, global step)` before drawing dropout
 /// masks, and the epoch's order comes from `(seed, epoch)`: resuming at any step boundary
@@ -200,31 +197,29 @@ pub fn train_epoch<B: AutodiffBackend>(
     optim: &mut Optimizer<Model<B>, B>,
     train: &DeviceSplit<B::InnerBackend>,
     config: &TrainConfig,
-    epoch: usize,
     lr: f64,
     control: EpochControl<'_>,
 ) -> (Model<B>, EpochEnd) {
     const NONE: f32 = f32::MAX;
+    let from = control.from;
+    let epoch = from.epoch;
     let device = train.images.device();
     let start = Instant::now();
     let len = train.len();
     let order = indices::<B::InnerBackend>(&epoch_permutation(config.seed, epoch, len), &device);
     let steps = len.div_ceil(config.batch_size);
-    let mut loss_sum = Tensor::<B::InnerBackend, 1>::from_floats([control.done_loss_sum as f32], &device);
+    let mut loss_sum = Tensor::<B::InnerBackend, 1>::from_floats([from.partial_loss_sum as f32], &device);
     let mut first_bad = Tensor::<B::InnerBackend, 1>::from_floats([NONE], &device);
     let bad_step = |first_bad: &Tensor<B::InnerBackend, 1>| {
         let step = scalar(first_bad.clone());
         (step < NONE as f64).then_some(step as usize)
     };
-    for step in control.start_step..steps {
+    for step in from.step_in_epoch..steps {
         let begin = step * config.batch_size;
         let end = (begin + config.batch_size).min(len);
         let (images, targets) = train.gather(order.clone().slice(begin..end));
         // Dropout draws from the backend's generator; `Autodiff` forwards seeding to its inner backend.
-        B::InnerBackend::seed(
-            &device,
-            step_seed(config.seed, control.global_step + step - control.start_step),
-        );
+        B::InnerBackend::seed(&device, step_seed(config.seed, from.global_step_at(step)));
         let (trained, batch_loss) = train_step(model, optim, images, targets, lr);
         model = trained;
         // x - x is NaN exactly when x is NaN or infinite.
@@ -247,7 +242,7 @@ pub fn train_epoch<B: AutodiffBackend>(
             }
         }
         if (control.stop)() && step + 1 < steps {
-            let seconds = control.done_seconds + start.elapsed().as_secs_f64();
+            let seconds = from.partial_seconds + start.elapsed().as_secs_f64();
             return (
                 model,
                 EpochEnd::Stopped {
@@ -266,7 +261,7 @@ pub fn train_epoch<B: AutodiffBackend>(
         loss,
         steps,
         images: len,
-        seconds: control.done_seconds + start.elapsed().as_secs_f64(),
+        seconds: from.partial_seconds + start.elapsed().as_secs_f64(),
     };
     (model, EpochEnd::Done(stats))
 }
@@ -282,16 +277,14 @@ pub fn train_whole_epoch<B: AutodiffBackend>(
     epoch: usize,
     lr: f64,
 ) -> (Model<B>, EpochEnd) {
+    let from = Progress::at_epoch(epoch, train.len().div_ceil(config.batch_size));
     let control = EpochControl {
-        start_step: 0,
-        done_loss_sum: 0.0,
-        done_seconds: 0.0,
-        global_step: epoch * train.len().div_ceil(config.batch_size),
+        from: &from,
         check_every: 0,
         on_step: &mut |_| {},
         stop: &|| false,
     };
-    train_epoch(model, optim, train, config, epoch, lr, control)
+    train_epoch(model, optim, train, config, lr, control)
 }
 
 /// One optimizer step on a batch already on the device. Returns the updated model and the

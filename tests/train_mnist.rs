@@ -7,8 +7,8 @@ mod mnist;
 use burn::backend::Autodiff;
 use ember::backend::Cpu;
 use ember::checkpoint::RunDir;
-use ember::checkpoint::TrainState;
 use ember::config::Recipe;
+use ember::progress::Progress;
 use ember::train::{evaluate, evaluate_trained, init_model, train_whole_epoch, EpochEnd, Splits};
 
 #[test]
@@ -50,7 +50,7 @@ fn one_epoch_reaches_98_percent_and_reloads_identically() {
     let dir = tempfile::tempdir().unwrap();
     let run = RunDir::create(dir.path().join("run")).unwrap();
     run.save_config(&config).unwrap();
-    run.save_checkpoint(&model, None, TrainState::default()).unwrap();
+    run.save_checkpoint(&model, None, &Progress::default()).unwrap();
     let reloaded = run
         .load_model::<Cpu>(&run.load_config().unwrap(), &device)
         .unwrap();

@@ -52,7 +52,7 @@ pub fn run(args: ImportArgs) -> Result<()> {
     let model = crate::import::from_pytorch_file::<backend::Cpu>(args.model, &args.file, &device)?;
     let run = RunDir::create(args.out.clone())?;
     run.save_config(&config)?;
-    run.save_checkpoint(&model, None, crate::checkpoint::TrainState::default())?;
+    run.save_checkpoint(&model, None, &crate::progress::Progress::default())?;
     println!(
         "imported {} ({}, {} parameters) into {}",
         args.file.display(),

@@ -226,7 +226,7 @@ impl BackendTask for TrainTask {
             if resume {
                 println!(
                     "resuming after {} completed epochs ({} steps)",
-                    start.state.epoch, start.state.global_step
+                    start.progress.epoch, start.progress.global_step
                 );
             }
         }
