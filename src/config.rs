@@ -8,16 +8,24 @@ use crate::data::{Dataset, Normalization};
 use crate::model::ModelKind;
 use crate::optim::{OptimizerConfig, OptimizerKind, StepLr};
 
-/// The seed benchmark runs ember reproduces.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
+/// The seed benchmark runs ember reproduces. Their settings live in [`Recipe::config`] only:
+/// the command line's help and `--recipe`'s value descriptions are generated from it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Recipe {
-    /// PyTorch's MNIST example: PytorchExampleNet, Adadelta lr 1.0, StepLR gamma 0.7, batch 64, 14 epochs.
     PytorchExample,
-    /// The tch-rs port: TchNet, Adam lr 1e-4, batch 256, 50 epochs.
     Tch,
-    /// flashlight's MNIST: FlashlightCnn, SGD lr 1e-2, batch 64, 100 epochs, 55k/5k split.
     Flashlight,
+}
+
+impl ValueEnum for Recipe {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[Self::PytorchExample, Self::Tch, Self::Flashlight]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        Some(clap::builder::PossibleValue::new(self.name()).help(self.summary()))
+    }
 }
 
 impl Recipe {
@@ -27,6 +35,37 @@ impl Recipe {
             Self::Tch => "tch",
             Self::Flashlight => "flashlight",
         }
+    }
+
+    /// Where the recipe comes from and its settings, e.g. "PyTorch's MNIST example:
+    /// pytorch-example-net, adadelta lr 1, StepLR gamma 0.7, batch 64, 14 epochs, mean 0.1307
+    /// std 0.3081".
+    pub fn summary(self) -> String {
+        let origin = match self {
+            Self::PytorchExample => "PyTorch's MNIST example",
+            Self::Tch => "the tch-rs port",
+            Self::Flashlight => "flashlight's MNIST",
+        };
+        let c = self.config();
+        let optimizer = c.optimizer.kind.to_possible_value().expect("no skipped values");
+        let mut facts = vec![
+            c.model.name().to_string(),
+            format!("{} lr {}", optimizer.get_name(), c.lr),
+        ];
+        if c.gamma != 1.0 {
+            facts.push(format!("StepLR gamma {}", c.gamma));
+        }
+        facts.push(format!("batch {}", c.batch_size));
+        facts.push(format!("{} epochs", c.epochs));
+        facts.push(if c.normalization == Normalization::UNIT {
+            "x/255".to_string()
+        } else {
+            format!("mean {} std {}", c.normalization.mean, c.normalization.std)
+        });
+        if c.valid_size > 0 {
+            facts.push(format!("first {} training images held out for validation", c.valid_size));
+        }
+        format!("{origin}: {}", facts.join(", "))
     }
 
     /// The recipe that trains `model` in the seed runs (its data normalisation, optimizer).

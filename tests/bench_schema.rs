@@ -1,9 +1,12 @@
 //! `ember bench` writes the record both frameworks share (benches/schema.json), and every
 //! committed result, ember's and PyTorch's, still validates against it.
 
+mod common;
+
+use common::{ember, repo_mnist};
+
 use std::path::{Path, PathBuf};
 
-use assert_cmd::Command;
 use serde_json::Value;
 
 fn root() -> &'static Path {
@@ -32,8 +35,7 @@ fn assert_valid(validator: &jsonschema::Validator, record: &Value, what: &str) {
 fn ember_bench_json_matches_the_shared_schema() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("net64.json");
-    let out = Command::cargo_bin("ember")
-        .unwrap()
+    let out = ember()
         .args([
             "bench",
             "--scenario",
@@ -51,7 +53,7 @@ fn ember_bench_json_matches_the_shared_schema() {
             "--offline",
             "--data-dir",
         ])
-        .arg(root().join("data/mnist"))
+        .arg(repo_mnist())
         .arg("--json")
         .arg(&json)
         .output()

@@ -1,22 +1,16 @@
 //! The `ember` binary as a user runs it: help, bad values, missing or corrupt data, and a
 //! train → eval round trip on real MNIST.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+mod common;
 
-use assert_cmd::Command;
+use common::{ember, repo_mnist};
+
+use std::io::Write;
+use std::path::Path;
+
 use predicates::prelude::*;
 
-fn ember() -> Command {
-    let mut cmd = Command::cargo_bin("ember").unwrap();
-    // Tests never reach the network; a user's own setting must not leak in either.
-    cmd.env("EMBER_OFFLINE", "true").env_remove("EMBER_DATA_DIR");
-    cmd
-}
 
-fn repo_mnist() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist")
-}
 
 const FILES: [&str; 4] = [
     "train-images-idx3-ubyte.gz",

@@ -1,25 +1,20 @@
 //! Runs as a user lives them: killed and resumed, diverging, predicting on image files,
 //! plotting; all through the `ember` binary on real MNIST.
 
+mod common;
+
+use common::{ember, repo_mnist};
+
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command as Process, Stdio};
 
 use assert_cmd::cargo::CommandCargoExt;
-use assert_cmd::Command;
 use burn::backend::NdArray;
 use ember::checkpoint::RunDir;
 use ember::import::to_pytorch_tensors;
 
-fn repo_mnist() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist")
-}
 
-fn ember() -> Command {
-    let mut cmd = Command::cargo_bin("ember").unwrap();
-    cmd.env("EMBER_OFFLINE", "true").env_remove("EMBER_DATA_DIR");
-    cmd
-}
 
 /// Training flags of a small, quick run: 10 steps per epoch, 1,000 test images.
 const SMALL: [&str; 8] = [

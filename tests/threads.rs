@@ -2,8 +2,7 @@
 //! partition work statically (per image, per fixed group of images, per plane), so the thread
 //! count changes who computes a number, never how.
 
-#[path = "common/mnist.rs"]
-mod mnist;
+mod common;
 
 use burn::backend::Autodiff;
 use burn::module::{Module, ModuleVisitor, Param};
@@ -48,7 +47,7 @@ fn after_three_steps(data: &Mnist, recipe: Recipe, threads: usize) -> Vec<Vec<u3
 
 #[test]
 fn one_and_two_threads_train_bit_identically() {
-    let data = mnist::load();
+    let data = common::load_mnist();
     for recipe in [Recipe::PytorchExample, Recipe::Tch, Recipe::Flashlight] {
         let (one, two) = (
             after_three_steps(&data, recipe, 1),

@@ -1,8 +1,7 @@
 //! Trains on real MNIST (the committed `data/mnist`) with the default CPU backend and checks the
 //! accuracy on the full 10,000-image test set, then that a checkpoint reloads to the same result.
 
-#[path = "common/mnist.rs"]
-mod mnist;
+mod common;
 
 use burn::backend::Autodiff;
 use ember::backend::Cpu;
@@ -13,7 +12,7 @@ use ember::train::{evaluate, evaluate_trained, init_model, train_whole_epoch, Ep
 
 #[test]
 fn one_epoch_reaches_98_percent_and_reloads_identically() {
-    let data = mnist::load();
+    let data = common::load_mnist();
     let mut config = Recipe::PytorchExample.config();
     config.epochs = 1;
     // The whole training set: one epoch of the recipe must reach 98% (issue 9's bar). On 20k

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use burn::tensor::backend::AutodiffBackend;
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 use super::DataArgs;
 use crate::backend::{self, BackendTask, DeviceArg, DeviceInfo};
@@ -15,51 +15,65 @@ use crate::model::ModelKind;
 use crate::optim::OptimizerKind;
 use crate::train::Splits;
 
+/// A flag's help with every recipe's value of the setting it overrides: `TEXT [pytorch-example:
+/// 64, tch: 256, flashlight: 64]`, or `TEXT [default: 1000]` when the recipes agree. Generated
+/// from [`Recipe::config`], the one source of the recipes' settings.
+fn per_recipe(text: &str, value: impl Fn(&TrainConfig) -> String) -> String {
+    let values: Vec<(Recipe, String)> = Recipe::value_variants()
+        .iter()
+        .map(|&r| (r, value(&r.config())))
+        .collect();
+    let stated = if values.iter().all(|(_, v)| *v == values[0].1) {
+        format!("default: {}", values[0].1)
+    } else {
+        let each: Vec<String> = values.iter().map(|(r, v)| format!("{}: {v}", r.name())).collect();
+        each.join(", ")
+    };
+    format!("{text} [{stated}]")
+}
+
+/// The command-line spelling of a value.
+fn value_name(v: impl ValueEnum) -> String {
+    v.to_possible_value().expect("no skipped values").get_name().to_string()
+}
+
 /// `ember train`. Flag names follow PyTorch's MNIST example.
 #[derive(Debug, Args)]
 pub struct TrainArgs {
     /// Seed run to reproduce; the flags below override its settings.
     #[arg(long, value_enum, default_value_t = Recipe::PytorchExample)]
     pub recipe: Recipe,
-    /// Model [default: the recipe's].
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, help = per_recipe("Model", |c| c.model.name().into()))]
     pub model: Option<ModelKind>,
-    /// Optimizer [default: the recipe's].
-    #[arg(long, value_enum)]
+    #[arg(long, value_enum, help = per_recipe("Optimizer", |c| value_name(c.optimizer.kind)))]
     pub optimizer: Option<OptimizerKind>,
-    /// Input batch size for training [pytorch-example: 64, tch: 256, flashlight: 64].
-    #[arg(long)]
+    #[arg(long, help = per_recipe("Input batch size for training", |c| c.batch_size.to_string()))]
     pub batch_size: Option<usize>,
-    /// Input batch size for testing [default: 1000].
-    #[arg(long)]
+    #[arg(long, help = per_recipe("Input batch size for testing", |c| c.test_batch_size.to_string()))]
     pub test_batch_size: Option<usize>,
-    /// Number of epochs to train [pytorch-example: 14, tch: 50, flashlight: 100].
-    #[arg(long)]
+    #[arg(long, help = per_recipe("Number of epochs to train", |c| c.epochs.to_string()))]
     pub epochs: Option<usize>,
-    /// Learning rate [pytorch-example: 1.0, tch: 1e-4, flashlight: 1e-2].
-    #[arg(long)]
+    #[arg(long, help = per_recipe("Learning rate", |c| c.lr.to_string()))]
     pub lr: Option<f64>,
-    /// Learning rate step gamma (StepLR, per epoch) [pytorch-example: 0.7, others: 1.0].
-    #[arg(long)]
+    #[arg(long, help = per_recipe("Learning rate step gamma (StepLR, per epoch)", |c| c.gamma.to_string()))]
     pub gamma: Option<f64>,
-    /// Epochs between learning rate decays [default: 1].
-    #[arg(long)]
+    #[arg(long, help = per_recipe("Epochs between learning rate decays", |c| c.step_size.to_string()))]
     pub step_size: Option<usize>,
-    /// L2 weight decay, as torch.optim's weight_decay [default: 0].
-    #[arg(long)]
+    #[arg(long, help = per_recipe("L2 weight decay, as torch.optim's weight_decay", |c| c.optimizer.weight_decay.to_string()))]
     pub weight_decay: Option<f64>,
-    /// Random seed: initial weights, shuffling and dropout [default: 1].
-    #[arg(long)]
+    #[arg(long, help = per_recipe("Random seed: initial weights, shuffling and dropout", |c| c.seed.to_string()))]
     pub seed: Option<u64>,
-    /// Input normalisation mean, on the 0..1 pixel scale: x = (pixel / 255 - mean) / std
-    /// [pytorch-example: 0.1307, tch: 0, flashlight: 127/255].
-    #[arg(long)]
+    #[arg(long, help = per_recipe(
+        "Input normalisation mean, on the 0..1 pixel scale: x = (pixel / 255 - mean) / std",
+        |c| c.normalization.mean.to_string(),
+    ))]
     pub mean: Option<f32>,
-    /// Input normalisation standard deviation [pytorch-example: 0.3081, others: 1].
-    #[arg(long)]
+    #[arg(long, help = per_recipe("Input normalisation standard deviation", |c| c.normalization.std.to_string()))]
     pub std: Option<f32>,
-    /// Hold out the first N training images for validation [flashlight: 5000, others: 0].
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", help = per_recipe(
+        "Hold out the first N training images for validation",
+        |c| c.valid_size.to_string(),
+    ))]
     pub valid_size: Option<usize>,
     /// Train on the first N training images only (after the validation split).
     #[arg(long, value_name = "N")]
@@ -288,6 +302,189 @@ mod tests {
                 panic!()
             };
             assert_eq!(args.save_model, want, "{argv:?}");
+        }
+    }
+
+    /// Every recipe's value of the setting that `flag` overrides, as the help and README state it.
+    fn setting(flag: &str, c: &TrainConfig) -> String {
+        match flag {
+            "model" => c.model.name().into(),
+            "optimizer" => value_name(c.optimizer.kind),
+            "batch_size" => c.batch_size.to_string(),
+            "test_batch_size" => c.test_batch_size.to_string(),
+            "epochs" => c.epochs.to_string(),
+            "lr" => c.lr.to_string(),
+            "gamma" => c.gamma.to_string(),
+            "step_size" => c.step_size.to_string(),
+            "weight_decay" => c.optimizer.weight_decay.to_string(),
+            "seed" => c.seed.to_string(),
+            "mean" => c.normalization.mean.to_string(),
+            "std" => c.normalization.std.to_string(),
+            "valid_size" => c.valid_size.to_string(),
+            _ => panic!("no recipe setting behind --{flag}"),
+        }
+    }
+
+    /// The `[name: value, ...]` at the end of a help text, by recipe name ("default" for all).
+    fn stated(help: &str) -> Vec<(String, String)> {
+        let open = help.rfind('[').unwrap_or_else(|| panic!("no [..] default in {help:?}"));
+        let inner = help[open + 1..].strip_suffix(']').expect("help ends with ]");
+        inner
+            .split(", ")
+            .map(|pair| {
+                let (name, value) = pair.split_once(": ").unwrap_or_else(|| panic!("{pair:?} in {help:?}"));
+                (name.to_string(), value.to_string())
+            })
+            .collect()
+    }
+
+    /// Numbers compare as numbers ("1.0" states 1), names as text.
+    fn same(a: &str, b: &str) -> bool {
+        match (a.parse::<f64>(), b.parse::<f64>()) {
+            (Ok(x), Ok(y)) => x == y,
+            _ => a == b,
+        }
+    }
+
+    #[test]
+    fn help_states_each_recipes_defaults() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        let train = cli.find_subcommand_mut("train").unwrap();
+        // `ember train --help`, whitespace squashed: clap wraps lines to the terminal.
+        let squash = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        let rendered = squash(&train.render_long_help().to_string());
+        let flags = [
+            "model",
+            "optimizer",
+            "batch_size",
+            "test_batch_size",
+            "epochs",
+            "lr",
+            "gamma",
+            "step_size",
+            "weight_decay",
+            "seed",
+            "mean",
+            "std",
+            "valid_size",
+        ];
+        for flag in flags {
+            let arg = train.get_arguments().find(|a| a.get_id() == flag).unwrap();
+            let help = arg.get_help().unwrap().to_string();
+            assert!(
+                rendered.contains(&squash(&help)),
+                "--{flag}'s help is not in `ember train --help`: {help:?}"
+            );
+            for recipe in Recipe::value_variants() {
+                let want = setting(flag, &recipe.config());
+                let says = stated(&help)
+                    .into_iter()
+                    .find(|(name, _)| name == recipe.name() || name == "default")
+                    .unwrap_or_else(|| panic!("--{flag}: {help:?} says nothing about {}", recipe.name()));
+                assert!(
+                    same(&says.1, &want),
+                    "--{flag}: the help says {} for {}, the recipe has {want}",
+                    says.1,
+                    recipe.name()
+                );
+            }
+        }
+        // --recipe's value descriptions.
+        for recipe in Recipe::value_variants() {
+            let c = recipe.config();
+            let summary = recipe.summary();
+            for fact in [
+                format!("{} lr {}", value_name(c.optimizer.kind), c.lr),
+                format!("batch {}", c.batch_size),
+                format!("{} epochs", c.epochs),
+                c.model.name().to_string(),
+            ] {
+                assert!(summary.contains(&fact), "{}: {summary:?} lacks {fact:?}", recipe.name());
+            }
+            assert!(rendered.contains(&squash(&summary)), "`ember train --help` lacks {summary:?}");
+        }
+    }
+
+    /// README.md's recipe table, row by row, against the recipes.
+    #[test]
+    fn readme_recipe_table_matches_the_recipes() {
+        let readme = include_str!("../../README.md");
+        for recipe in Recipe::value_variants() {
+            let c = recipe.config();
+            let row = readme
+                .lines()
+                .find(|l| l.starts_with(&format!("| `{}` |", recipe.name())))
+                .unwrap_or_else(|| panic!("README has no table row for {}", recipe.name()));
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            // | recipe | model | parameters | optimizer | batch | epochs | data |
+            let (optimizer, batch, epochs, data) = (cells[4], cells[5], cells[6], cells[7]);
+            let name = recipe.name();
+            assert!(
+                optimizer.to_lowercase().starts_with(&value_name(c.optimizer.kind)),
+                "{name}: README says {optimizer:?}"
+            );
+            let lr = optimizer.split("lr ").nth(1).unwrap().split([',', ' ']).next().unwrap();
+            assert!(same(lr, &c.lr.to_string()), "{name}: README lr {lr}, recipe {}", c.lr);
+            let gamma = optimizer.split("γ ").nth(1).map_or("1", |g| g.split([',', ' ']).next().unwrap());
+            assert!(same(gamma, &c.gamma.to_string()), "{name}: README γ {gamma}, recipe {}", c.gamma);
+            assert!(same(batch, &c.batch_size.to_string()), "{name}: README batch {batch}");
+            assert!(same(epochs, &c.epochs.to_string()), "{name}: README epochs {epochs}");
+            let (mean, std) = match data.split_once("mean ") {
+                Some((_, rest)) => {
+                    let mean = rest.split(',').next().unwrap();
+                    let std = rest.split("std ").nth(1).unwrap().split([',', ' ']).next().unwrap();
+                    (mean.to_string(), std.to_string())
+                }
+                None => {
+                    assert!(data.starts_with("x/255"), "{name}: README data {data:?}");
+                    ("0".into(), "1".into())
+                }
+            };
+            assert!(same(&mean, &c.normalization.mean.to_string()), "{name}: README mean {mean}");
+            assert!(same(&std, &c.normalization.std.to_string()), "{name}: README std {std}");
+            let held_out = match data.split_once("k/") {
+                Some((_, rest)) => rest.split('k').next().unwrap().parse::<usize>().unwrap() * 1000,
+                None => 0,
+            };
+            assert_eq!(held_out, c.valid_size, "{name}: README data {data:?}");
+        }
+    }
+
+    /// `--resume` continues a run with its own settings: every flag that would change one must
+    /// be refused with it, including flags added later.
+    #[test]
+    fn resume_refuses_every_setting_of_the_run() {
+        use clap::CommandFactory;
+        let mut cli = Cli::command();
+        cli.build();
+        let train = cli.find_subcommand("train").unwrap();
+        let resume = train.get_arguments().find(|a| a.get_id() == "resume").unwrap();
+        let refused: Vec<&str> = train
+            .get_arg_conflicts_with(resume)
+            .iter()
+            .map(|a| a.get_id().as_str())
+            .collect();
+        // How long it runs, what it prints and saves, where it runs, where the data is read.
+        let allowed = [
+            "resume",
+            "epochs",
+            "save_model",
+            "quiet",
+            "log_interval",
+            "device",
+            "data_dir",
+            "offline",
+            "help",
+            "version",
+        ];
+        for arg in train.get_arguments() {
+            let id = arg.get_id().as_str();
+            assert!(
+                allowed.contains(&id) != refused.contains(&id),
+                "--{id}: {} with --resume",
+                if allowed.contains(&id) { "allowed but refused" } else { "accepted" }
+            );
         }
     }
 }
