@@ -63,7 +63,10 @@ impl Recipe {
             format!("mean {} std {}", c.normalization.mean, c.normalization.std)
         });
         if c.valid_size > 0 {
-            facts.push(format!("first {} training images held out for validation", c.valid_size));
+            facts.push(format!(
+                "first {} training images held out for validation",
+                c.valid_size
+            ));
         }
         format!("{origin}: {}", facts.join(", "))
     }

@@ -10,8 +10,6 @@ use std::path::Path;
 
 use predicates::prelude::*;
 
-
-
 const FILES: [&str; 4] = [
     "train-images-idx3-ubyte.gz",
     "train-labels-idx1-ubyte.gz",

@@ -14,8 +14,6 @@ use burn::backend::NdArray;
 use ember::checkpoint::RunDir;
 use ember::import::to_pytorch_tensors;
 
-
-
 /// Training flags of a small, quick run: 10 steps per epoch, 1,000 test images.
 const SMALL: [&str; 8] = [
     "--limit-train",

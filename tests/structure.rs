@@ -17,7 +17,12 @@ fn uses() -> BTreeMap<String, BTreeSet<String>> {
                 continue;
             }
             let relative = path.strip_prefix(&src).unwrap();
-            let top = relative.components().next().unwrap().as_os_str().to_string_lossy();
+            let top = relative
+                .components()
+                .next()
+                .unwrap()
+                .as_os_str()
+                .to_string_lossy();
             let module = top.trim_end_matches(".rs").to_string();
             if module == "main" || module == "lib" {
                 continue;

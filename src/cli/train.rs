@@ -34,7 +34,10 @@ fn per_recipe(text: &str, value: impl Fn(&TrainConfig) -> String) -> String {
 
 /// The command-line spelling of a value.
 fn value_name(v: impl ValueEnum) -> String {
-    v.to_possible_value().expect("no skipped values").get_name().to_string()
+    v.to_possible_value()
+        .expect("no skipped values")
+        .get_name()
+        .to_string()
 }
 
 /// `ember train`. Flag names follow PyTorch's MNIST example.
@@ -327,12 +330,16 @@ mod tests {
 
     /// The `[name: value, ...]` at the end of a help text, by recipe name ("default" for all).
     fn stated(help: &str) -> Vec<(String, String)> {
-        let open = help.rfind('[').unwrap_or_else(|| panic!("no [..] default in {help:?}"));
+        let open = help
+            .rfind('[')
+            .unwrap_or_else(|| panic!("no [..] default in {help:?}"));
         let inner = help[open + 1..].strip_suffix(']').expect("help ends with ]");
         inner
             .split(", ")
             .map(|pair| {
-                let (name, value) = pair.split_once(": ").unwrap_or_else(|| panic!("{pair:?} in {help:?}"));
+                let (name, value) = pair
+                    .split_once(": ")
+                    .unwrap_or_else(|| panic!("{pair:?} in {help:?}"));
                 (name.to_string(), value.to_string())
             })
             .collect()
@@ -400,9 +407,16 @@ mod tests {
                 format!("{} epochs", c.epochs),
                 c.model.name().to_string(),
             ] {
-                assert!(summary.contains(&fact), "{}: {summary:?} lacks {fact:?}", recipe.name());
+                assert!(
+                    summary.contains(&fact),
+                    "{}: {summary:?} lacks {fact:?}",
+                    recipe.name()
+                );
             }
-            assert!(rendered.contains(&squash(&summary)), "`ember train --help` lacks {summary:?}");
+            assert!(
+                rendered.contains(&squash(&summary)),
+                "`ember train --help` lacks {summary:?}"
+            );
         }
     }
 
@@ -421,19 +435,50 @@ mod tests {
             let (optimizer, batch, epochs, data) = (cells[4], cells[5], cells[6], cells[7]);
             let name = recipe.name();
             assert!(
-                optimizer.to_lowercase().starts_with(&value_name(c.optimizer.kind)),
+                optimizer
+                    .to_lowercase()
+                    .starts_with(&value_name(c.optimizer.kind)),
                 "{name}: README says {optimizer:?}"
             );
-            let lr = optimizer.split("lr ").nth(1).unwrap().split([',', ' ']).next().unwrap();
-            assert!(same(lr, &c.lr.to_string()), "{name}: README lr {lr}, recipe {}", c.lr);
-            let gamma = optimizer.split("γ ").nth(1).map_or("1", |g| g.split([',', ' ']).next().unwrap());
-            assert!(same(gamma, &c.gamma.to_string()), "{name}: README γ {gamma}, recipe {}", c.gamma);
-            assert!(same(batch, &c.batch_size.to_string()), "{name}: README batch {batch}");
-            assert!(same(epochs, &c.epochs.to_string()), "{name}: README epochs {epochs}");
+            let lr = optimizer
+                .split("lr ")
+                .nth(1)
+                .unwrap()
+                .split([',', ' '])
+                .next()
+                .unwrap();
+            assert!(
+                same(lr, &c.lr.to_string()),
+                "{name}: README lr {lr}, recipe {}",
+                c.lr
+            );
+            let gamma = optimizer
+                .split("γ ")
+                .nth(1)
+                .map_or("1", |g| g.split([',', ' ']).next().unwrap());
+            assert!(
+                same(gamma, &c.gamma.to_string()),
+                "{name}: README γ {gamma}, recipe {}",
+                c.gamma
+            );
+            assert!(
+                same(batch, &c.batch_size.to_string()),
+                "{name}: README batch {batch}"
+            );
+            assert!(
+                same(epochs, &c.epochs.to_string()),
+                "{name}: README epochs {epochs}"
+            );
             let (mean, std) = match data.split_once("mean ") {
                 Some((_, rest)) => {
                     let mean = rest.split(',').next().unwrap();
-                    let std = rest.split("std ").nth(1).unwrap().split([',', ' ']).next().unwrap();
+                    let std = rest
+                        .split("std ")
+                        .nth(1)
+                        .unwrap()
+                        .split([',', ' '])
+                        .next()
+                        .unwrap();
                     (mean.to_string(), std.to_string())
                 }
                 None => {
@@ -441,8 +486,14 @@ mod tests {
                     ("0".into(), "1".into())
                 }
             };
-            assert!(same(&mean, &c.normalization.mean.to_string()), "{name}: README mean {mean}");
-            assert!(same(&std, &c.normalization.std.to_string()), "{name}: README std {std}");
+            assert!(
+                same(&mean, &c.normalization.mean.to_string()),
+                "{name}: README mean {mean}"
+            );
+            assert!(
+                same(&std, &c.normalization.std.to_string()),
+                "{name}: README std {std}"
+            );
             let held_out = match data.split_once("k/") {
                 Some((_, rest)) => rest.split('k').next().unwrap().parse::<usize>().unwrap() * 1000,
                 None => 0,
@@ -483,7 +534,11 @@ mod tests {
             assert!(
                 allowed.contains(&id) != refused.contains(&id),
                 "--{id}: {} with --resume",
-                if allowed.contains(&id) { "allowed but refused" } else { "accepted" }
+                if allowed.contains(&id) {
+                    "allowed but refused"
+                } else {
+                    "accepted"
+                }
             );
         }
     }
