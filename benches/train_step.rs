@@ -16,7 +16,7 @@ fn main() {
 fn step(bencher: divan::Bencher, kind: ModelKind) {
     type B = Autodiff<Cpu>;
     let device = Default::default();
-    let mut config = kind.recipe().config();
+    let mut config = ember::config::Recipe::of_model(kind).config();
     config.model = kind;
     let images = Tensor::<Cpu, 4>::random([64, 1, 28, 28], Distribution::Default, &device);
     let targets = Tensor::<Cpu, 1, Int>::random([64], Distribution::Uniform(0.0, 10.0), &device);
