@@ -4,7 +4,12 @@
 //! a dark background; an image whose border is light on average is inverted), padded to a
 //! square with its background and resized to 28x28, then normalised as the checkpoint's recipe.
 //! A 28x28 grey image with a dark background, such as an MNIST digit saved as PNG, passes
-//! through unchanged.
+//! through unchanged. Transparent pixels take the background that contrasts with the drawing
+//! (a dark digit on a transparent canvas reads as ink on paper).
+//!
+//! A file's header decides how much memory decoding takes, so the size is checked from the
+//! header first: at most [`MAX_SIDE`] pixels a side, which bounds both the decoded image and
+//! the square it is padded to.
 
 use std::path::{Path, PathBuf};
 
@@ -58,13 +63,58 @@ impl Prediction {
     }
 }
 
+/// The longest side `ember predict` decodes: a 48-megapixel photo fits, and the decoded image
+/// (at most 8192² RGBA, 256 MiB) and its padded grey square (64 MiB) stay bounded whatever a
+/// file's header claims.
+pub const MAX_SIDE: u32 = 8192;
+
 /// Reads `path` and turns it into the 784 pixels the model expects.
 pub fn load(path: &Path) -> Result<[u8; IMAGE_PIXELS], PredictError> {
-    let img = image::open(path).map_err(|e| PredictError {
+    let fail = |reason: String| PredictError {
         path: path.to_owned(),
-        reason: e.to_string(),
-    })?;
-    Ok(to_mnist(&img.to_luma8()))
+        reason,
+    };
+    let open = || {
+        image::ImageReader::open(path)
+            .and_then(|r| r.with_guessed_format())
+            .map_err(|e| fail(e.to_string()))
+    };
+    // The header alone, before anything is allocated for the pixels.
+    let (w, h) = open()?.into_dimensions().map_err(|e| fail(e.to_string()))?;
+    if w.max(h) > MAX_SIDE {
+        return Err(fail(format!(
+            "{w}x{h} pixels, more than the {MAX_SIDE} a side that ember predict reads; scale it down"
+        )));
+    }
+    let mut reader = open()?;
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(MAX_SIDE);
+    limits.max_image_height = Some(MAX_SIDE);
+    reader.limits(limits);
+    let img = reader.decode().map_err(|e| fail(e.to_string()))?;
+    Ok(to_mnist(&grey(&img)))
+}
+
+/// The image in grey levels. Transparency is composited onto the background that contrasts
+/// with what is drawn: white under dark strokes, black under light ones.
+pub fn grey(img: &image::DynamicImage) -> GrayImage {
+    if !img.color().has_alpha() {
+        return img.to_luma8();
+    }
+    let la = img.to_luma_alpha8();
+    let (mut ink, mut weight) = (0.0f64, 0.0f64);
+    for p in la.pixels() {
+        let [v, a] = p.0;
+        ink += f64::from(v) * f64::from(a);
+        weight += f64::from(a);
+    }
+    let dark_strokes = weight == 0.0 || ink / weight < 127.5;
+    let paper: u32 = if dark_strokes { 255 } else { 0 };
+    GrayImage::from_fn(la.width(), la.height(), |x, y| {
+        let [v, a] = la.get_pixel(x, y).0;
+        let (v, a) = (u32::from(v), u32::from(a));
+        Luma([((v * a + paper * (255 - a) + 127) / 255) as u8])
+    })
 }
 
 /// Grey image to MNIST's 28x28 light-on-dark layout (see the module documentation).
@@ -182,6 +232,42 @@ mod tests {
         );
         // Padded to a square first: the top rows (padding) stay dark.
         assert!(out[..28 * 6].iter().all(|&p| p < 10));
+    }
+
+    /// A digit drawn in black on a transparent canvas (a typical export): the strokes are
+    /// opaque, the background fully transparent. It must read as the digit, not as a blank.
+    #[test]
+    fn transparent_canvases_keep_their_drawing() {
+        let digit: Vec<u8> = (0..IMAGE_PIXELS as u32)
+            .map(|i| {
+                if (i % 28).abs_diff(14) < 2 && (4..24).contains(&(i / 28)) {
+                    255
+                } else {
+                    0
+                }
+            })
+            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        for (name, stroke) in [("black-on-clear.png", 0u8), ("white-on-clear.png", 255)] {
+            let canvas = image::RgbaImage::from_fn(28, 28, |x, y| {
+                image::Rgba([stroke, stroke, stroke, digit[(y * 28 + x) as usize]])
+            });
+            let path = dir.path().join(name);
+            canvas.save(&path).unwrap();
+            assert_eq!(&load(&path).unwrap()[..], &digit[..], "{name}");
+        }
+    }
+
+    #[test]
+    fn sizes_are_checked_from_the_header_before_decoding() {
+        let dir = tempfile::tempdir().unwrap();
+        let wide = dir.path().join("wide.png");
+        GrayImage::new(MAX_SIDE + 1, 1).save(&wide).unwrap();
+        let err = load(&wide).unwrap_err().to_string();
+        assert!(err.contains("wide.png") && err.contains("8193x1 pixels"), "{err}");
+        let fits = dir.path().join("fits.png");
+        GrayImage::new(MAX_SIDE, 2).save(&fits).unwrap();
+        assert!(load(&fits).is_ok());
     }
 
     #[test]

@@ -24,8 +24,9 @@ pub(super) fn fetch(dataset: Dataset, dir: &Path, missing: &[&FileSpec]) -> Resu
         for mirror in dataset.mirrors() {
             let url = format!("{mirror}{file}");
             eprintln!("downloading {url}");
-            let result = get(&agent, &url, &partial).and_then(|()| {
-                let parsed = idx::read(&partial, spec.magic).map_err(|e| e.to_string())?;
+            let result = get(&agent, &url, &partial, max_download(spec)).and_then(|()| {
+                let parsed =
+                    idx::read_expecting(&partial, spec.magic, spec.dims).map_err(|e| e.to_string())?;
                 verify(&target, dataset, spec, &parsed).map_err(|e| e.to_string())
             });
             match result {
@@ -48,11 +49,24 @@ pub(super) fn fetch(dataset: Dataset, dir: &Path, missing: &[&FileSpec]) -> Resu
     Ok(())
 }
 
-fn get(agent: &ureq::Agent, url: &str, to: &Path) -> Result<(), String> {
+/// The most a `.gz` of `spec` can take: gzip adds at most 5 bytes per 32 KiB block of data it
+/// cannot compress, plus its header; a mirror that sends more is not sending this file.
+pub(super) fn max_download(spec: &FileSpec) -> u64 {
+    let len = spec.decompressed_len() as u64;
+    len + len / 4096 + 1024
+}
+
+/// Saves `url`'s body to `to`; more than `max_bytes` is an error.
+fn get(agent: &ureq::Agent, url: &str, to: &Path, max_bytes: u64) -> Result<(), String> {
     let response = agent.get(url).call().map_err(|e| e.to_string())?;
-    let mut body = response.into_body().into_reader();
+    let mut body = std::io::Read::take(response.into_body().into_reader(), max_bytes + 1);
     let mut out = std::fs::File::create(to).map_err(|e| format!("{}: {e}", to.display()))?;
-    std::io::copy(&mut body, &mut out).map_err(|e| e.to_string())?;
+    let copied = std::io::copy(&mut body, &mut out).map_err(|e| e.to_string())?;
+    if copied > max_bytes {
+        return Err(format!(
+            "the download is larger than {max_bytes} bytes, more than this file can be"
+        ));
+    }
     out.sync_all().map_err(|e| format!("{}: {e}", to.display()))?;
     out.flush().map_err(|e| e.to_string())
 }

@@ -27,7 +27,7 @@ pub struct Idx {
 pub fn read(path: &Path, expected_magic: u32) -> Result<Idx, DataError> {
     let file = std::fs::File::open(path).map_err(|source| DataError::Io {
         path: path.to_owned(),
-        source,
+        error: source,
     })?;
     let gz = path.extension().is_some_and(|e| e == "gz");
     if gz {
@@ -37,12 +37,35 @@ pub fn read(path: &Path, expected_magic: u32) -> Result<Idx, DataError> {
     }
 }
 
+/// [`read`], with the dimensions the file must have: a header that gives others is a
+/// [`DataError::Dims`] before any of the payload is read.
+pub fn read_expecting(path: &Path, expected_magic: u32, dims: &[usize]) -> Result<Idx, DataError> {
+    let file = std::fs::File::open(path).map_err(|source| DataError::Io {
+        path: path.to_owned(),
+        error: source,
+    })?;
+    if path.extension().is_some_and(|e| e == "gz") {
+        parse_checked(GzDecoder::new(file), path, expected_magic, Some(dims))
+    } else {
+        parse_checked(file, path, expected_magic, Some(dims))
+    }
+}
+
 /// Parses an IDX stream of unsigned bytes: magic number, dimensions and payload length must
 /// agree, and nothing may follow the payload. `path` only names the source in errors.
 ///
 /// Memory is bounded by what the stream really holds, not by what its header claims: a header
 /// that promises 2^31 images in a 1 KB file is a [`DataError::Length`], not an allocation.
-pub fn parse(mut reader: impl Read, path: &Path, expected_magic: u32) -> Result<Idx, DataError> {
+pub fn parse(reader: impl Read, path: &Path, expected_magic: u32) -> Result<Idx, DataError> {
+    parse_checked(reader, path, expected_magic, None)
+}
+
+fn parse_checked(
+    mut reader: impl Read,
+    path: &Path,
+    expected_magic: u32,
+    expected_dims: Option<&[usize]>,
+) -> Result<Idx, DataError> {
     let path_buf = || path.to_path_buf();
     let mut magic = [0u8; 4];
     read_header(&mut reader, &mut magic, path)?;
@@ -60,6 +83,13 @@ pub fn parse(mut reader: impl Read, path: &Path, expected_magic: u32) -> Result<
         let mut dim = [0u8; 4];
         read_header(&mut reader, &mut dim, path)?;
         dims.push(u32::from_be_bytes(dim) as usize);
+    }
+    if let Some(expected) = expected_dims.filter(|&e| e != dims.as_slice()) {
+        return Err(DataError::Dims {
+            path: path_buf(),
+            found: dims,
+            expected: expected.to_vec(),
+        });
     }
     let expected = dims
         .iter()
@@ -115,7 +145,7 @@ fn read_error(path: &Path, source: std::io::Error) -> DataError {
         },
         _ => DataError::Io {
             path: path.to_owned(),
-            source,
+            error: source,
         },
     }
 }

@@ -24,14 +24,16 @@ pub const NUM_CLASSES: usize = 10;
 /// Errors from reading datasets; each names the file or directory at fault.
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{}: {error}", path.display())]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("{}: {reason}", path.display())]
     Invalid { path: PathBuf, reason: String },
+    #[error("{}: the IDX header gives dimensions {found:?}, expected {expected:?}; the file is corrupt or from another dataset", path.display())]
+    Dims {
+        path: PathBuf,
+        found: Vec<usize>,
+        expected: Vec<usize>,
+    },
     #[error("{}: magic number {found} (0x{found:08x}), expected {expected} (0x{expected:08x}); not an IDX file of this kind", path.display())]
     BadMagic {
         path: PathBuf,
@@ -86,6 +88,16 @@ pub struct FileSpec {
     /// SHA-256 of the decompressed file.
     pub sha256: &'static str,
     pub magic: u32,
+    /// The IDX dimensions: checked in the header, before any payload is read, so that a file
+    /// claiming more never costs more memory than the real one.
+    pub dims: &'static [usize],
+}
+
+impl FileSpec {
+    /// Bytes of the decompressed file: header and payload.
+    pub fn decompressed_len(&self) -> usize {
+        4 + 4 * self.dims.len() + self.dims.iter().product::<usize>()
+    }
 }
 
 impl Dataset {
@@ -113,15 +125,21 @@ impl Dataset {
                 "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
             ],
         };
-        let names = [
-            ("train-images-idx3-ubyte", idx::IMAGES_MAGIC),
-            ("train-labels-idx1-ubyte", idx::LABELS_MAGIC),
-            ("t10k-images-idx3-ubyte", idx::IMAGES_MAGIC),
-            ("t10k-labels-idx1-ubyte", idx::LABELS_MAGIC),
+        const SIDE: usize = IMAGE_SIDE;
+        let names: [(&str, u32, &'static [usize]); 4] = [
+            (
+                "train-images-idx3-ubyte",
+                idx::IMAGES_MAGIC,
+                &[60_000, SIDE, SIDE],
+            ),
+            ("train-labels-idx1-ubyte", idx::LABELS_MAGIC, &[60_000]),
+            ("t10k-images-idx3-ubyte", idx::IMAGES_MAGIC, &[10_000, SIDE, SIDE]),
+            ("t10k-labels-idx1-ubyte", idx::LABELS_MAGIC, &[10_000]),
         ];
         std::array::from_fn(|i| FileSpec {
             name: names[i].0,
             magic: names[i].1,
+            dims: names[i].2,
             sha256: sums[i],
         })
     }
@@ -224,7 +242,7 @@ impl Mnist {
         let files = source.dataset.files();
         let mut parts = Vec::with_capacity(4);
         for (path, spec) in paths.iter().zip(files) {
-            let parsed = idx::read(path, spec.magic)?;
+            let parsed = idx::read_expecting(path, spec.magic, spec.dims)?;
             verify(path, source.dataset, &spec, &parsed)?;
             parts.push((path, parsed));
         }

@@ -29,3 +29,35 @@ pub fn load_mnist() -> Mnist {
     })
     .unwrap()
 }
+
+/// A PNG chunk: length, type, data, CRC of type and data.
+pub fn chunk(kind: &[u8; 4], data: &[u8]) -> Vec<u8> {
+    let mut crc = flate2::Crc::new();
+    crc.update(kind);
+    crc.update(data);
+    let mut v = (data.len() as u32).to_be_bytes().to_vec();
+    v.extend_from_slice(kind);
+    v.extend_from_slice(data);
+    v.extend_from_slice(&crc.sum().to_be_bytes());
+    v
+}
+
+/// A well-formed 8-bit grey PNG claiming `width` x `height`, with at most 64 rows (64 KiB) of
+/// black pixel data: a few hundred bytes that claim as much memory as they like. Small sizes
+/// are complete images.
+pub fn claiming_png(width: u32, height: u32) -> Vec<u8> {
+    let mut ihdr = width.to_be_bytes().to_vec();
+    ihdr.extend_from_slice(&height.to_be_bytes());
+    ihdr.extend_from_slice(&[8, 0, 0, 0, 0]); // depth 8, grey, deflate, no filter, no interlace
+    let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+    std::io::Write::write_all(
+        &mut z,
+        &vec![0u8; ((width as usize + 1) * (height as usize).min(64)).min(1 << 16)],
+    )
+    .unwrap();
+    let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+    png.extend(chunk(b"IHDR", &ihdr));
+    png.extend(chunk(b"IDAT", &z.finish().unwrap()));
+    png.extend(chunk(b"IEND", &[]));
+    png
+}

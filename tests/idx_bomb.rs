@@ -1,0 +1,75 @@
+//! A dataset file whose header claims far more images than the real one holds, compressed
+//! so that it is small on disk (1,000,000 images of zeros: 784 MB decompressed, about 8 MB
+//! as `.gz`): loading it is refused from the header, before any payload is decompressed into
+//! memory. A counting global allocator records the largest single allocation.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use ember::data::{Dataset, Mnist, Source};
+
+mod common;
+
+struct Counting;
+
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LARGEST.fetch_max(new_size, Ordering::Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+#[test]
+fn an_idx_gz_claiming_a_million_images_is_refused_from_its_header() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in [
+        "train-labels-idx1-ubyte.gz",
+        "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz",
+    ] {
+        std::fs::copy(common::repo_mnist().join(name), dir.path().join(name)).unwrap();
+    }
+    let bomb = dir.path().join("train-images-idx3-ubyte.gz");
+    let mut gz =
+        flate2::write::GzEncoder::new(std::fs::File::create(&bomb).unwrap(), flate2::Compression::fast());
+    gz.write_all(&0x0000_0803u32.to_be_bytes()).unwrap();
+    for d in [1_000_000u32, 28, 28] {
+        gz.write_all(&d.to_be_bytes()).unwrap();
+    }
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..(1_000_000 * 784) >> 20 {
+        gz.write_all(&zeros).unwrap();
+    }
+    gz.finish().unwrap();
+    let size = std::fs::metadata(&bomb).unwrap().len();
+    assert!(size < 16 << 20, "{size} bytes");
+
+    LARGEST.store(0, Ordering::Relaxed);
+    let err = Mnist::load(&Source {
+        dataset: Dataset::Mnist,
+        dir: dir.path().to_owned(),
+        download: false,
+    })
+    .unwrap_err()
+    .to_string();
+    let largest = LARGEST.load(Ordering::Relaxed);
+    assert!(
+        err.contains("train-images-idx3-ubyte.gz")
+            && err.contains("dimensions [1000000, 28, 28], expected [60000, 28, 28]"),
+        "{err}"
+    );
+    assert!(largest < 16 << 20, "allocated {largest} bytes at once");
+}
