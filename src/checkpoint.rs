@@ -17,12 +17,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
 use crate::files::{utc_stamp, write_atomic, FileError};
-use crate::model::Model;
+use crate::model::{record_kind, Model, ModelRecord};
 use crate::optim::Optimizer;
 use crate::progress::Progress;
 
 pub const CONFIG_FILE: &str = "config.json";
 pub const STATE_FILE: &str = "state.json";
+pub const LOCK_FILE: &str = ".lock";
 
 /// `state.json`: where training stands, and the record files that hold it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -40,32 +41,30 @@ type Rec = NamedMpkBytesRecorder<FullPrecisionSettings>;
 /// Errors reading or writing a run directory; each names the path.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{}: {error}", path.display())]
+    Io { path: PathBuf, error: std::io::Error },
     #[error(transparent)]
     Write(#[from] FileError),
     #[error("run directory {} already exists and is not empty; pass another --run-dir (ember never overwrites a run)", .0.display())]
     Exists(PathBuf),
+    #[error("{}: another ember process is training in this run directory; wait for it to finish or pass another --run-dir", .0.display())]
+    Busy(PathBuf),
     #[error("{}: not a checkpoint directory (no {CONFIG_FILE}); pass the run directory that `ember train` printed", .0.display())]
     NotACheckpoint(PathBuf),
-    #[error("{}: invalid config: {source}", path.display())]
-    Config {
-        path: PathBuf,
-        #[source]
-        source: serde_json::Error,
-    },
+    #[error("{}: invalid config: {error}", path.display())]
+    Config { path: PathBuf, error: serde_json::Error },
     #[error("{}: cannot decode the record ({reason}); the file is corrupt or from another model", path.display())]
     Record { path: PathBuf, reason: String },
-    #[error("{}: invalid checkpoint state: {source}", path.display())]
-    State {
+    #[error("{}: invalid checkpoint state: {error}", path.display())]
+    State { path: PathBuf, error: serde_json::Error },
+    #[error("{}: holds a {found} model, but {CONFIG_FILE} says {expected}; the files are from different runs", path.display())]
+    OtherModel {
         path: PathBuf,
-        #[source]
-        source: serde_json::Error,
+        found: crate::model::ModelKind,
+        expected: crate::model::ModelKind,
     },
+    #[error("{}: names {name:?}, which is not a record file of this run directory", path.display())]
+    ForeignFile { path: PathBuf, name: String },
     #[error("{}: the checkpoint has no optimizer state (imported weights?); it can be evaluated, not resumed", .0.display())]
     NoOptimizer(PathBuf),
 }
@@ -73,7 +72,21 @@ pub enum CheckpointError {
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io {
         path: path.to_owned(),
-        source,
+        error: source,
+    }
+}
+
+/// Held while a process trains in a run directory; see [`RunDir::lock`].
+#[derive(Debug)]
+pub struct RunLock {
+    _file: fs::File,
+    path: PathBuf,
+}
+
+impl RunLock {
+    /// Releases the lock and removes its file (for a run directory about to be removed).
+    pub fn remove(self) {
+        let _ = fs::remove_file(&self.path);
     }
 }
 
@@ -109,6 +122,29 @@ impl RunDir {
         Self::create(path)
     }
 
+    /// Takes the run directory for this process until the returned guard is dropped: a second
+    /// `ember train` on the same directory (two resumes, or two fresh runs racing) is refused
+    /// instead of interleaving checkpoints. An advisory `flock` on `.lock`, released by the
+    /// kernel when the process ends, however it ends.
+    pub fn lock(&self) -> Result<RunLock, CheckpointError> {
+        let path = self.file(LOCK_FILE);
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        #[cfg(unix)]
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: flock on a descriptor this function owns.
+            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                return Err(CheckpointError::Busy(self.path.clone()));
+            }
+        }
+        Ok(RunLock { _file: file, path })
+    }
+
     /// An existing run directory, for reading.
     pub fn open(path: &Path) -> Result<Self, CheckpointError> {
         if !path.join(CONFIG_FILE).is_file() {
@@ -131,7 +167,7 @@ impl RunDir {
     pub fn load_config(&self) -> Result<TrainConfig, CheckpointError> {
         let path = self.file(CONFIG_FILE);
         let bytes = fs::read(&path).map_err(io(&path))?;
-        serde_json::from_slice(&bytes).map_err(|source| CheckpointError::Config { path, source })
+        serde_json::from_slice(&bytes).map_err(|source| CheckpointError::Config { path, error: source })
     }
 
     /// Commits a checkpoint: `model`, the optimizer record bytes (see [`optimizer_bytes`]) and
@@ -150,17 +186,31 @@ impl RunDir {
         };
         let bytes = Recorder::<B>::record(&Rec::default(), model.clone().into_record(), ())
             .expect("in-memory records serialise");
-        write_atomic(&self.file(&state.model_file), &bytes)?;
-        state.optimizer_file = match optimizer {
-            Some(bytes) => {
+        let committed = (|| {
+            write_atomic(&self.file(&state.model_file), &bytes)?;
+            if let Some(bytes) = optimizer {
                 let name = format!("optimizer-{tag}.mpk");
                 write_atomic(&self.file(&name), &bytes)?;
-                Some(name)
+                state.optimizer_file = Some(name);
             }
-            None => None,
-        };
-        let json = serde_json::to_vec_pretty(&state).expect("states serialise");
-        write_atomic(&self.file(STATE_FILE), &json)?;
+            let json = serde_json::to_vec_pretty(&state).expect("states serialise");
+            write_atomic(&self.file(STATE_FILE), &json)
+        })();
+        if let Err(e) = committed {
+            // state.json still names the previous checkpoint: this one's records are orphans,
+            // unless they have the previous one's names (the same step saved again).
+            let previous = self.load_state().ok();
+            let named = |name: &str| {
+                previous
+                    .as_ref()
+                    .is_some_and(|p| p.model_file == name || p.optimizer_file.as_deref() == Some(name))
+            };
+            let orphans = [Some(state.model_file.clone()), state.optimizer_file.clone()];
+            for name in orphans.into_iter().flatten().filter(|n| !named(n)) {
+                let _ = fs::remove_file(self.file(&name));
+            }
+            return Err(e.into());
+        }
         // The new checkpoint is committed: older records can go.
         let keep = [Some(state.model_file.as_str()), state.optimizer_file.as_deref()];
         for entry in fs::read_dir(&self.path).map_err(io(&self.path))?.flatten() {
@@ -177,7 +227,25 @@ impl RunDir {
     pub fn load_state(&self) -> Result<TrainState, CheckpointError> {
         let path = self.file(STATE_FILE);
         let bytes = fs::read(&path).map_err(io(&path))?;
-        serde_json::from_slice(&bytes).map_err(|source| CheckpointError::State { path, source })
+        let state: TrainState = serde_json::from_slice(&bytes).map_err(|source| CheckpointError::State {
+            path: path.clone(),
+            error: source,
+        })?;
+        // The record files are plain names inside the run directory, as save_checkpoint writes them.
+        for (name, prefix) in [
+            (Some(&state.model_file), "model-"),
+            (state.optimizer_file.as_ref(), "optimizer-"),
+        ] {
+            let Some(name) = name else { continue };
+            let plain = Path::new(name).file_name().is_some_and(|f| f == name.as_str());
+            if !(plain && name.starts_with(prefix) && name.ends_with(".mpk")) {
+                return Err(CheckpointError::ForeignFile {
+                    path,
+                    name: name.clone(),
+                });
+            }
+        }
+        Ok(state)
     }
 
     fn load_record<B: Backend, R: burn::record::Record<B>>(
@@ -189,7 +257,7 @@ impl RunDir {
         let bytes = fs::read(&path).map_err(io(&path))?;
         Recorder::<B>::load(&Rec::default(), bytes, device).map_err(|e| CheckpointError::Record {
             path,
-            reason: e.to_string(),
+            reason: record_reason(&e.to_string()),
         })
     }
 
@@ -200,7 +268,15 @@ impl RunDir {
         device: &B::Device,
     ) -> Result<Model<B>, CheckpointError> {
         let state = self.load_state()?;
-        let record = self.load_record::<B, _>(&state.model_file, device)?;
+        let record: ModelRecord<B> = self.load_record::<B, _>(&state.model_file, device)?;
+        let found = record_kind(&record);
+        if found != config.model {
+            return Err(CheckpointError::OtherModel {
+                path: self.file(&state.model_file),
+                found,
+                expected: config.model,
+            });
+        }
         Ok(config.model.init::<B>(device).load_record(record))
     }
 
@@ -220,6 +296,21 @@ impl RunDir {
         let optim = config.optimizer.init::<B, Model<B>>().load_record(record);
         Ok((model, optim, state.progress))
     }
+}
+
+/// The reason a record did not decode, without the advice burn appends to every tensor
+/// decoding error (about records of burn <= 0.16), which misleads for a damaged file.
+fn record_reason(text: &str) -> String {
+    if text.contains("UnexpectedEof") {
+        return "the file ends early: it is truncated".into();
+    }
+    let advice = ["\\nThe internal data format", "\nThe internal data format"];
+    let end = advice
+        .iter()
+        .filter_map(|a| text.find(a))
+        .min()
+        .unwrap_or(text.len());
+    text[..end].lines().next().unwrap_or_default().trim().to_string()
 }
 
 /// What training resumes from: model, optimizer and where they stood.
@@ -314,5 +405,138 @@ mod tests {
         assert!(err.contains("config.json"), "{err}");
         let err = RunDir::open(dir.path()).unwrap_err().to_string();
         assert!(err.contains("not a checkpoint"), "{err}");
+    }
+
+    /// config.json of one model and a record of another (a config edited, a record copied in):
+    /// burn's load_record panicked on the mismatch.
+    #[test]
+    fn a_record_of_another_model_is_an_error_naming_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path().join("run")).unwrap();
+        let device = Default::default();
+        let tch = Recipe::Tch.config();
+        run.save_checkpoint(&init_model::<NdArray>(&tch, &device), None, &Progress::default())
+            .unwrap();
+        let flashlight = Recipe::Flashlight.config();
+        let err = run
+            .load_model::<NdArray>(&flashlight, &device)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("holds a tch-net model, but config.json says flashlight-cnn"),
+            "{err}"
+        );
+    }
+
+    /// state.json names its record files; a name that leads elsewhere is refused, not followed.
+    #[test]
+    fn record_names_stay_inside_the_run_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path().join("run")).unwrap();
+        let config = Recipe::Tch.config();
+        let device = Default::default();
+        run.save_checkpoint(
+            &init_model::<NdArray>(&config, &device),
+            None,
+            &Progress::default(),
+        )
+        .unwrap();
+        let state = fs::read_to_string(run.path.join(STATE_FILE)).unwrap();
+        let good: TrainState = serde_json::from_str(&state).unwrap();
+        for bad in [
+            "../../../../etc/passwd",
+            "/etc/passwd",
+            "model-x.mpk/../../secret.mpk",
+            "config.json",
+        ] {
+            let edited = state.replace(&good.model_file, bad);
+            fs::write(run.path.join(STATE_FILE), edited).unwrap();
+            let err = run
+                .load_model::<NdArray>(&config, &device)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("not a record file of this run directory") && err.contains(bad),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn one_process_at_a_time_trains_in_a_run_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path().join("run")).unwrap();
+        let held = run.lock().unwrap();
+        let err = run.lock().unwrap_err().to_string();
+        assert!(
+            err.contains("another ember process is training in this run directory"),
+            "{err}"
+        );
+        drop(held);
+        run.lock().unwrap().remove();
+        assert!(!run.path.join(LOCK_FILE).exists());
+    }
+
+    /// A checkpoint that cannot be committed (the disk is full when state.json is written)
+    /// leaves the previous one loadable and none of its own files behind.
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_failed_checkpoint_leaves_the_previous_one_and_no_orphans() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path().join("run")).unwrap();
+        let config = Recipe::Tch.config();
+        let device = Default::default();
+        let model = init_model::<NdArray>(&config, &device);
+        run.save_checkpoint(&model, Some(vec![1, 2, 3]), &Progress::default())
+            .unwrap();
+        let names = || {
+            let mut names: Vec<_> = fs::read_dir(&run.path)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            names.sort();
+            names
+        };
+        let before = names();
+        // write_atomic's temporary file for state.json, made to fail as on a full disk.
+        let tmp = run.file(&format!("state.json.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink("/dev/full", &tmp).unwrap();
+        let err = run
+            .save_checkpoint(&model, Some(vec![4, 5, 6]), &Progress::at_epoch(1, 10))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("No space left on device"), "{err}");
+        assert_eq!(names(), before);
+        assert_eq!(run.load_state().unwrap().progress, Progress::default());
+        run.load_model::<NdArray>(&config, &device).unwrap();
+    }
+
+    #[test]
+    fn a_truncated_record_is_one_line_without_burns_upgrade_advice() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path().join("run")).unwrap();
+        let config = Recipe::Tch.config();
+        let device = Default::default();
+        run.save_checkpoint(
+            &init_model::<NdArray>(&config, &device),
+            None,
+            &Progress::default(),
+        )
+        .unwrap();
+        let file = run.file(&run.load_state().unwrap().model_file);
+        let bytes = fs::read(&file).unwrap();
+        fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();
+        let err = run
+            .load_model::<NdArray>(&config, &device)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("cannot decode the record (the file ends early: it is truncated)"),
+            "{err}"
+        );
+        assert!(
+            !err.contains("record-backward-compat") && err.lines().count() == 1,
+            "{err}"
+        );
     }
 }

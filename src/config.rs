@@ -157,6 +157,10 @@ pub enum ConfigError {
     Zero { flag: &'static str, value: usize },
     #[error("{flag} must be a positive finite number, got {value}")]
     NotPositive { flag: &'static str, value: f64 },
+    #[error("{flag} must be a finite number, got {value}")]
+    NotFinite { flag: &'static str, value: f64 },
+    #[error("{flag} must be zero or a positive finite number, got {value}")]
+    Negative { flag: &'static str, value: f64 },
     #[error("--valid-size {valid} leaves no training images out of {train}")]
     NoTrainingData { valid: usize, train: usize },
 }
@@ -171,6 +175,17 @@ impl TrainConfig {
     }
 
     /// Checks the settings that do not depend on the data.
+    /// Whether `train` training images leave any after the validation split.
+    pub fn check_train_size(&self, train: usize) -> Result<(), ConfigError> {
+        if self.valid_size >= train {
+            return Err(ConfigError::NoTrainingData {
+                valid: self.valid_size,
+                train,
+            });
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), ConfigError> {
         for (flag, value) in [
             ("--batch-size", self.batch_size),
@@ -194,10 +209,25 @@ impl TrainConfig {
                 value: 0,
             });
         }
-        for (flag, value) in [("--lr", self.lr), ("--gamma", self.gamma)] {
+        let std = f64::from(self.normalization.std);
+        for (flag, value) in [("--lr", self.lr), ("--gamma", self.gamma), ("--std", std)] {
             if !(value.is_finite() && value > 0.0) {
                 return Err(ConfigError::NotPositive { flag, value });
             }
+        }
+        let mean = f64::from(self.normalization.mean);
+        if !mean.is_finite() {
+            return Err(ConfigError::NotFinite {
+                flag: "--mean",
+                value: mean,
+            });
+        }
+        let decay = self.optimizer.weight_decay;
+        if !(decay.is_finite() && decay >= 0.0) {
+            return Err(ConfigError::Negative {
+                flag: "--weight-decay",
+                value: decay,
+            });
         }
         Ok(())
     }
@@ -267,6 +297,33 @@ mod tests {
         let mut c = Recipe::PytorchExample.config();
         c.lr = f64::NAN;
         assert!(c.validate().unwrap_err().to_string().starts_with("--lr"));
+    }
+
+    /// --std 0 trained at loss 2.30 for ever (the NaNs hidden by ReLU), and a negative weight
+    /// decay or a NaN mean were taken as given.
+    #[test]
+    fn rejects_normalisation_and_decay_that_cannot_train() {
+        let error = |edit: fn(&mut TrainConfig)| {
+            let mut c = Recipe::PytorchExample.config();
+            edit(&mut c);
+            c.validate().unwrap_err().to_string()
+        };
+        assert_eq!(
+            error(|c| c.normalization.std = 0.0),
+            "--std must be a positive finite number, got 0"
+        );
+        assert_eq!(
+            error(|c| c.normalization.std = -1.0),
+            "--std must be a positive finite number, got -1"
+        );
+        assert_eq!(
+            error(|c| c.normalization.mean = f32::NAN),
+            "--mean must be a finite number, got NaN"
+        );
+        assert_eq!(
+            error(|c| c.optimizer.weight_decay = -1.0),
+            "--weight-decay must be zero or a positive finite number, got -1"
+        );
     }
 
     #[test]

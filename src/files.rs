@@ -6,31 +6,38 @@ use std::path::{Path, PathBuf};
 
 /// A file that could not be written, by path.
 #[derive(Debug, thiserror::Error)]
-#[error("{}: {source}", path.display())]
+#[error("{}: {error}", path.display())]
 pub struct FileError {
     pub path: PathBuf,
-    #[source]
-    pub source: std::io::Error,
+    pub error: std::io::Error,
 }
 
 fn err(path: &Path) -> impl FnOnce(std::io::Error) -> FileError + '_ {
     move |source| FileError {
         path: path.to_owned(),
-        source,
+        error: source,
     }
 }
 
 /// Writes `bytes` to `path` through a temporary file that is synced and renamed into place.
+/// The temporary name carries the process id, and a failed write (a full disk) removes it.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
     let tmp = path.with_extension(format!(
-        "{}.tmp",
-        path.extension().and_then(|e| e.to_str()).unwrap_or("")
+        "{}.{}.tmp",
+        path.extension().and_then(|e| e.to_str()).unwrap_or(""),
+        std::process::id()
     ));
-    let mut file = fs::File::create(&tmp).map_err(err(&tmp))?;
-    file.write_all(bytes).map_err(err(&tmp))?;
-    file.sync_all().map_err(err(&tmp))?;
-    drop(file);
-    fs::rename(&tmp, path).map_err(err(path))?;
+    let written = (|| {
+        let mut file = fs::File::create(&tmp).map_err(err(&tmp))?;
+        file.write_all(bytes).map_err(err(&tmp))?;
+        file.sync_all().map_err(err(&tmp))?;
+        drop(file);
+        fs::rename(&tmp, path).map_err(err(path))
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    written?;
     // The rename is durable once the directory entry is.
     if let Some(dir) = path.parent() {
         if let Ok(d) = fs::File::open(dir) {
@@ -70,6 +77,28 @@ mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
     use super::*;
+
+    /// /dev/full fails every write with ENOSPC, as a full disk does.
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_failed_write_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("state.json");
+        let tmp = target.with_extension(format!("json.{}.tmp", std::process::id()));
+        std::os::unix::fs::symlink("/dev/full", &tmp).unwrap();
+        let err = write_atomic(&target, b"{}").unwrap_err().to_string();
+        assert!(
+            err.contains("No space left on device") && err.contains("state.json"),
+            "{err}"
+        );
+        assert!(
+            !tmp.exists() && std::fs::symlink_metadata(&tmp).is_err(),
+            "temporary file left behind"
+        );
+        assert!(!target.exists());
+        write_atomic(&target, b"{}").unwrap();
+        assert_eq!(std::fs::read(&target).unwrap(), b"{}");
+    }
 
     #[test]
     fn stamps_in_utc() {

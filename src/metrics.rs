@@ -31,12 +31,8 @@ pub struct MetricsRow {
 /// Errors reading metrics; they name the file and line.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{}: {error}", path.display())]
+    Io { path: PathBuf, error: std::io::Error },
     #[error("{}:{line}: {reason}", path.display())]
     Parse {
         path: PathBuf,
@@ -79,11 +75,20 @@ pub fn write(dir: &Path, rows: &[MetricsRow]) -> Result<(), MetricsError> {
 }
 
 /// Reads `dir/metrics.csv`; a run without epochs yet has an empty list.
+/// [`read`], with no rows when the run has no `metrics.csv` yet. Any other failure (an
+/// unreadable or non-UTF-8 file) is an error: taking it for "no metrics" would drop the rows.
+pub fn read_if_present(dir: &Path) -> Result<Vec<MetricsRow>, MetricsError> {
+    match read(dir) {
+        Err(MetricsError::Io { error, .. }) if error.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        other => other,
+    }
+}
+
 pub fn read(dir: &Path) -> Result<Vec<MetricsRow>, MetricsError> {
     let path = dir.join(METRICS_FILE);
     let text = std::fs::read_to_string(&path).map_err(|source| MetricsError::Io {
         path: path.clone(),
-        source,
+        error: source,
     })?;
     let mut lines = text.lines().enumerate();
     match lines.next() {
@@ -196,6 +201,17 @@ pub fn draw_curves(path: &Path, runs: &[(String, Vec<MetricsRow>)]) -> Result<()
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_damaged_metrics_file_is_an_error_not_an_empty_history() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(read_if_present(dir.path()).unwrap(), Vec::new());
+        let mut bytes = format!("{HEADER}\n").into_bytes();
+        bytes.extend_from_slice(b"1,10,0.1,\xff\n");
+        std::fs::write(dir.path().join(METRICS_FILE), bytes).unwrap();
+        let err = read_if_present(dir.path()).unwrap_err().to_string();
+        assert!(err.contains(METRICS_FILE), "{err}");
+    }
+
     use super::*;
 
     fn row(epoch: usize, valid: bool) -> MetricsRow {

@@ -107,6 +107,16 @@ impl<B: Backend> Model<B> {
     }
 }
 
+/// The model a record holds: a record of another model than the one it is loaded into is an
+/// error to report, not a panic (burn's `load_record` panics on a variant mismatch).
+pub fn record_kind<B: Backend>(record: &ModelRecord<B>) -> ModelKind {
+    match record {
+        ModelRecord::PytorchExample(_) => ModelKind::PytorchExampleNet,
+        ModelRecord::Tch(_) => ModelKind::TchNet,
+        ModelRecord::Flashlight(_) => ModelKind::FlashlightCnn,
+    }
+}
+
 impl<B: Backend> Classifier<B> for Model<B> {
     fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
         match self {

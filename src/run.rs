@@ -115,11 +115,7 @@ impl<B: AutodiffBackend> Start<B> {
     /// The run's latest checkpoint and metrics.
     pub fn resume(run: &RunDir, config: &TrainConfig, device: &B::Device) -> Result<Self, RunError> {
         let (model, optim, progress) = run.load_training::<B>(config, device)?;
-        let mut rows = match metrics::read(&run.path) {
-            Ok(rows) => rows,
-            Err(MetricsError::Io { .. }) => Vec::new(),
-            Err(e) => return Err(e.into()),
-        };
+        let mut rows = metrics::read_if_present(&run.path)?;
         rows.retain(|r| r.epoch <= progress.epoch);
         Ok(Self {
             model,

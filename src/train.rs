@@ -55,13 +55,8 @@ impl<B: Backend> Splits<B> {
     /// Holds out the first `valid_size` training images, keeps `limit_train` of the rest, and
     /// uploads all three splits.
     pub fn upload(data: &Mnist, config: &TrainConfig, device: &B::Device) -> Result<Self, ConfigError> {
+        config.check_train_size(data.train.len())?;
         let (valid, mut train) = data.train.clone().split_at(config.valid_size);
-        if train.is_empty() {
-            return Err(ConfigError::NoTrainingData {
-                valid: config.valid_size,
-                train: data.train.len(),
-            });
-        }
         if let Some(n) = config.limit_train {
             train.truncate(n);
         }

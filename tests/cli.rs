@@ -120,6 +120,92 @@ fn missing_data_offline_says_what_to_put_where() {
     );
 }
 
+/// EMBER_OFFLINE=1 (and yes/on) means offline, as environment switches usually do.
+#[test]
+fn ember_offline_takes_the_usual_spellings_of_true() {
+    let empty = tempfile::tempdir().unwrap();
+    for value in ["1", "yes", "on", "TRUE"] {
+        let out = ember()
+            .env("EMBER_OFFLINE", value)
+            .args(["train", "--epochs", "1", "--data-dir"])
+            .arg(empty.path())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{value}: {stderr}");
+        assert!(!stderr.contains("invalid value"), "{value}: {stderr}");
+        assert!(
+            stderr.contains(FILES[0]) && !stderr.contains("downloading"),
+            "{value}: {stderr}"
+        );
+    }
+}
+
+/// A run that cannot start leaves nothing behind: --valid-size taking every training image
+/// used to leave a run directory holding only config.json, which the next try refused.
+#[test]
+fn a_run_that_cannot_start_leaves_no_run_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let out = ember()
+        .args(["train", "--epochs", "1", "--valid-size", "60000", "--run-dir"])
+        .arg(&run)
+        .args(["--data-dir"])
+        .arg(repo_mnist())
+        .output()
+        .unwrap();
+    assert_one_line_error(
+        &out,
+        &["--valid-size 60000 leaves no training images out of 60000"],
+    );
+    assert!(!run.exists(), "{:?}", std::fs::read_dir(&run).map(|d| d.count()));
+}
+
+/// An operating-system error is printed once, after the path it concerns.
+#[test]
+fn os_errors_are_printed_once() {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let under_a_file = file.path().join("run");
+    let out = ember()
+        .args(["train", "--epochs", "1", "--run-dir"])
+        .arg(&under_a_file)
+        .args(["--data-dir"])
+        .arg(repo_mnist())
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, &[&under_a_file.display().to_string()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("os error").count(), 1, "{stderr}");
+}
+
+/// A resume that fails its checks leaves the run's config.json as it was.
+#[test]
+fn a_failed_resume_leaves_the_config_untouched() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("imported");
+    ember()
+        .args([
+            "import",
+            "--from",
+            "pytorch",
+            "--model",
+            "pytorch-example",
+            "--out",
+        ])
+        .arg(&run)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch-example-net.pt"))
+        .assert()
+        .success();
+    let before = std::fs::read(run.join("config.json")).unwrap();
+    let out = ember()
+        .args(["train", "--epochs", "0", "--resume"])
+        .arg(&run)
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, &["--epochs must be at least 1, got 0"]);
+    assert_eq!(std::fs::read(run.join("config.json")).unwrap(), before);
+}
+
 #[test]
 fn garbage_idx_file_is_a_one_line_error_naming_it() {
     let dir = mnist_with("train-labels-idx1-ubyte.gz", b"<html>404 not found</html>");

@@ -145,6 +145,47 @@ fn a_run_killed_mid_epoch_and_resumed_ends_with_the_same_weights() {
     assert!(String::from_utf8_lossy(&again.stderr).contains("is complete (3 of 3 epochs)"));
 }
 
+/// SIGTERM (what schedulers and `docker stop` send) stops a run as Ctrl-C does: the step
+/// finishes, a checkpoint is written, and the run resumes from it.
+#[test]
+fn sigterm_checkpoints_like_ctrl_c() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let mut child = Process::cargo_bin("ember")
+        .unwrap()
+        .env("EMBER_OFFLINE", "true")
+        .args(train_args(&run, "3"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    for line in &mut lines {
+        if line.unwrap().starts_with("train epoch 1 [320/640") {
+            break;
+        }
+    }
+    // SAFETY: kill(2) on our own child's pid.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    // Keep reading: a closed pipe would fail the child's next line.
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    let out = child.wait_with_output().unwrap();
+    assert!(!rest.iter().any(|l| l.starts_with("final:")), "{rest:#?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(stderr.contains("checkpoint written to"), "{stderr}");
+    let state = std::fs::read_to_string(run.join("state.json")).unwrap();
+    assert!(!state.contains("\"global_step\": 0,"), "{state}");
+    ember()
+        .args(["train", "--resume"])
+        .arg(&run)
+        .args(["--data-dir"])
+        .arg(repo_mnist())
+        .args(["--device", "cpu"])
+        .assert()
+        .success();
+}
+
 #[test]
 fn a_diverging_run_stops_naming_epoch_and_step_and_keeps_the_last_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
@@ -182,12 +223,7 @@ fn predict_on_pngs_of_test_images_agrees_with_the_model_and_reports_bad_files() 
     ember().args(train_args(&run, "1")).assert().success();
 
     // PNGs of the first 12 MNIST test images, written here with the image crate.
-    let data = ember::data::Mnist::load(&ember::data::Source {
-        dataset: ember::data::Dataset::Mnist,
-        dir: repo_mnist(),
-        download: false,
-    })
-    .unwrap();
+    let data = common::load_mnist();
     let mut files = Vec::new();
     for i in 0..12 {
         let pixels = data.test.images[i * 784..(i + 1) * 784].to_vec();
@@ -259,6 +295,32 @@ fn predict_on_pngs_of_test_images_agrees_with_the_model_and_reports_bad_files() 
     assert!(out.status.success());
     assert!(
         stdout.starts_with(&format!("{}: {}  (", files[0].display(), expected[0])),
+        "{stdout}"
+    );
+
+    // A file whose header claims a huge image is refused by name; the others are classified.
+    let huge = dir.path().join("huge.png");
+    std::fs::write(&huge, common::claiming_png(1_000_000, 1)).unwrap();
+    let out = ember()
+        .args(["predict", "--checkpoint"])
+        .arg(&run)
+        .arg(&files[0])
+        .arg(&huge)
+        .arg(&files[1])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("huge.png") && stderr.contains("1000000x1 pixels"),
+        "{stderr}"
+    );
+    assert_eq!(stdout.lines().count(), 2, "{stdout}");
+    assert!(
+        stdout.contains(&format!("{}: {}  (", files[1].display(), expected[1])),
         "{stdout}"
     );
 

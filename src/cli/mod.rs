@@ -63,8 +63,9 @@ pub struct DataArgs {
     /// Folder with the dataset's four IDX files (.gz or raw) [default: data/<dataset>].
     #[arg(long, env = "EMBER_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
-    /// Never download: a missing file is an error that says where to put it.
-    #[arg(long, env = "EMBER_OFFLINE")]
+    /// Never download: a missing file is an error that says where to put it. EMBER_OFFLINE takes
+    /// true/false, 1/0, yes/no or on/off.
+    #[arg(long, env = "EMBER_OFFLINE", value_parser = clap::builder::BoolishValueParser::new())]
     pub offline: bool,
 }
 

@@ -168,12 +168,17 @@ fn fresh(args: &TrainArgs) -> Result<()> {
         Some(dir) => RunDir::create(dir.clone())?,
         None => RunDir::fresh_default(config.recipe.name())?,
     };
-    let data = match Mnist::load(&args.data.source(config.dataset)) {
+    let lock = run.lock()?;
+    let loaded = Mnist::load(&args.data.source(config.dataset))
+        .map_err(anyhow::Error::from)
+        .and_then(|data| Ok(config.check_train_size(data.train.len()).map(|()| data)?));
+    let data = match loaded {
         Ok(data) => data,
         Err(e) => {
             // Nothing was written into the new run directory yet: do not leave it behind.
+            lock.remove();
             let _ = std::fs::remove_dir(&run.path);
-            return Err(e.into());
+            return Err(e);
         }
     };
     run.save_config(&config)?;
@@ -183,14 +188,18 @@ fn fresh(args: &TrainArgs) -> Result<()> {
 /// `--resume DIR`: the run's own settings; `--epochs N` extends it.
 fn resume(dir: &std::path::Path, args: &TrainArgs) -> Result<()> {
     let run = RunDir::open(dir)?;
+    let _lock = run.lock()?;
     let mut config = run.load_config()?;
     if let Some(epochs) = args.epochs {
         config.epochs = epochs;
-        run.save_config(&config)?;
     }
     config.validate()?;
     backend::resolve(args.device)?;
     let data = Mnist::load(&args.data.source(config.dataset))?;
+    // Only a resume that can start records its new length.
+    if args.epochs.is_some() {
+        run.save_config(&config)?;
+    }
     dispatch(args, config, data, run, true)
 }
 
