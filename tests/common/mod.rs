@@ -42,9 +42,9 @@ pub fn chunk(kind: &[u8; 4], data: &[u8]) -> Vec<u8> {
     v
 }
 
-/// A well-formed 8-bit grey PNG claiming `width` x `height`, with at most 64 rows (64 KiB) of
-/// black pixel data: a few hundred bytes that claim as much memory as they like. Small sizes
-/// are complete images.
+/// A well-formed 8-bit grey PNG of `width` x `height` black pixels: complete (it decodes) up to
+/// 64 megapixels, beyond that only its first 64 rows: a few kilobytes either way, since zeros
+/// compress well, that claim as much memory as they like.
 pub fn claiming_png(width: u32, height: u32) -> Vec<u8> {
     let mut ihdr = width.to_be_bytes().to_vec();
     ihdr.extend_from_slice(&height.to_be_bytes());
@@ -52,7 +52,18 @@ pub fn claiming_png(width: u32, height: u32) -> Vec<u8> {
     let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
     std::io::Write::write_all(
         &mut z,
-        &vec![0u8; ((width as usize + 1) * (height as usize).min(64)).min(1 << 16)],
+        &vec![
+            0u8;
+            {
+                let row = width as usize + 1;
+                let rows = if row * height as usize <= 1 << 26 {
+                    height as usize
+                } else {
+                    (height as usize).min(64)
+                };
+                row * rows
+            }
+        ],
     )
     .unwrap();
     let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
