@@ -56,6 +56,8 @@ pub enum RunError {
     },
     #[error("{0} is complete ({1} of {1} epochs); pass --epochs N with --resume to train further")]
     Complete(String, usize),
+    #[error("{dir}/state.json: step_in_epoch {step} is not inside an epoch of {steps} steps; the checkpoint state is corrupt")]
+    PastEpoch { dir: String, step: usize, steps: usize },
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
@@ -173,6 +175,14 @@ pub fn train<B: AutodiffBackend>(
     } = start;
     if progress.epoch >= config.epochs {
         return Err(RunError::Complete(run.path.display().to_string(), progress.epoch));
+    }
+    let steps = splits.train.len().div_ceil(config.batch_size);
+    if progress.step_in_epoch >= steps {
+        return Err(RunError::PastEpoch {
+            dir: run.path.display().to_string(),
+            step: progress.step_in_epoch,
+            steps,
+        });
     }
     let checkpoints = Checkpoints {
         run,

@@ -186,6 +186,35 @@ fn sigterm_checkpoints_like_ctrl_c() {
         .success();
 }
 
+/// A state.json whose step lies past the end of its epoch is refused (the step counter used to
+/// wrap around).
+#[test]
+fn a_state_past_the_end_of_its_epoch_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    ember().args(train_args(&run, "1")).assert().success();
+    let state = std::fs::read_to_string(run.join("state.json")).unwrap();
+    std::fs::write(
+        run.join("state.json"),
+        state.replace("\"step_in_epoch\": 0", "\"step_in_epoch\": 999"),
+    )
+    .unwrap();
+    let out = ember()
+        .args(["train", "--epochs", "2", "--resume"])
+        .arg(&run)
+        .args(["--data-dir"])
+        .arg(repo_mnist())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("step_in_epoch 999 is not inside an epoch of 10 steps"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
 #[test]
 fn a_diverging_run_stops_naming_epoch_and_step_and_keeps_the_last_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
