@@ -16,7 +16,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
-use crate::files::{utc_stamp, write_atomic, FileError};
+use crate::files::{sha256_hex, utc_stamp, write_atomic, FileError};
 use crate::model::{record_kind, Model, ModelRecord};
 use crate::optim::Optimizer;
 use crate::progress::Progress;
@@ -34,6 +34,12 @@ pub struct TrainState {
     pub model_file: String,
     /// Optimizer record file; none for imported weights.
     pub optimizer_file: Option<String>,
+    /// SHA-256 of the model and optimizer record files, checked when they are loaded (absent in
+    /// checkpoints written before ember recorded them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_sha256: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub optimizer_sha256: Option<String>,
 }
 
 type Rec = NamedMpkBytesRecorder<FullPrecisionSettings>;
@@ -45,6 +51,12 @@ pub enum CheckpointError {
     Io { path: PathBuf, error: std::io::Error },
     #[error(transparent)]
     Write(#[from] FileError),
+    #[error("{}: SHA-256 {actual}, but state.json recorded {expected}; the file is corrupt (restore it from a copy, or train again)", path.display())]
+    Checksum {
+        path: PathBuf,
+        actual: String,
+        expected: String,
+    },
     #[error("run directory {} already exists and is not empty; pass another --run-dir (ember never overwrites a run)", .0.display())]
     Exists(PathBuf),
     #[error("{}: another ember process is training in this run directory; wait for it to finish or pass another --run-dir", .0.display())]
@@ -179,19 +191,22 @@ impl RunDir {
         progress: &Progress,
     ) -> Result<(), CheckpointError> {
         let tag = format!("e{:04}-s{:07}", progress.epoch, progress.global_step);
+        let bytes = Recorder::<B>::record(&Rec::default(), model.clone().into_record(), ())
+            .expect("in-memory records serialise");
         let mut state = TrainState {
             progress: progress.clone(),
             model_file: format!("model-{tag}.mpk"),
             optimizer_file: None,
+            model_sha256: Some(sha256_hex(&bytes)),
+            optimizer_sha256: None,
         };
-        let bytes = Recorder::<B>::record(&Rec::default(), model.clone().into_record(), ())
-            .expect("in-memory records serialise");
         let committed = (|| {
             write_atomic(&self.file(&state.model_file), &bytes)?;
             if let Some(bytes) = optimizer {
                 let name = format!("optimizer-{tag}.mpk");
                 write_atomic(&self.file(&name), &bytes)?;
                 state.optimizer_file = Some(name);
+                state.optimizer_sha256 = Some(sha256_hex(&bytes));
             }
             let json = serde_json::to_vec_pretty(&state).expect("states serialise");
             write_atomic(&self.file(STATE_FILE), &json)
@@ -251,10 +266,21 @@ impl RunDir {
     fn load_record<B: Backend, R: burn::record::Record<B>>(
         &self,
         name: &str,
+        sha256: Option<&str>,
         device: &B::Device,
     ) -> Result<R, CheckpointError> {
         let path = self.file(name);
         let bytes = fs::read(&path).map_err(io(&path))?;
+        if let Some(expected) = sha256 {
+            let actual = sha256_hex(&bytes);
+            if actual != expected {
+                return Err(CheckpointError::Checksum {
+                    path,
+                    actual,
+                    expected: expected.to_string(),
+                });
+            }
+        }
         Recorder::<B>::load(&Rec::default(), bytes, device).map_err(|e| CheckpointError::Record {
             path,
             reason: record_reason(&e.to_string()),
@@ -268,7 +294,8 @@ impl RunDir {
         device: &B::Device,
     ) -> Result<Model<B>, CheckpointError> {
         let state = self.load_state()?;
-        let record: ModelRecord<B> = self.load_record::<B, _>(&state.model_file, device)?;
+        let record: ModelRecord<B> =
+            self.load_record::<B, _>(&state.model_file, state.model_sha256.as_deref(), device)?;
         let found = record_kind(&record);
         if found != config.model {
             return Err(CheckpointError::OtherModel {
@@ -292,7 +319,7 @@ impl RunDir {
             .clone()
             .ok_or_else(|| CheckpointError::NoOptimizer(self.file(STATE_FILE)))?;
         let model = self.load_model::<B>(config, device)?;
-        let record = self.load_record::<B, _>(&name, device)?;
+        let record = self.load_record::<B, _>(&name, state.optimizer_sha256.as_deref(), device)?;
         let optim = config.optimizer.init::<B, Model<B>>().load_record(record);
         Ok((model, optim, state.progress))
     }
@@ -523,7 +550,11 @@ mod tests {
             &Progress::default(),
         )
         .unwrap();
-        let file = run.file(&run.load_state().unwrap().model_file);
+        // A checkpoint from before state.json recorded checksums: the decoder meets the damage.
+        let mut state = run.load_state().unwrap();
+        state.model_sha256 = None;
+        fs::write(run.file(STATE_FILE), serde_json::to_vec(&state).unwrap()).unwrap();
+        let file = run.file(&state.model_file);
         let bytes = fs::read(&file).unwrap();
         fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();
         let err = run
@@ -538,5 +569,40 @@ mod tests {
             !err.contains("record-backward-compat") && err.lines().count() == 1,
             "{err}"
         );
+    }
+
+    /// 64 garbled bytes inside a record: eval printed a loss of 1.7e30 and resume went on from
+    /// garbage. Both records carry their SHA-256 in state.json.
+    #[test]
+    fn garbled_records_fail_their_checksum() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path().join("run")).unwrap();
+        let config = Recipe::Tch.config();
+        let device = Default::default();
+        let model = init_model::<burn::backend::Autodiff<NdArray>>(&config, &device);
+        let optim = config.optimizer.init::<burn::backend::Autodiff<NdArray>, _>();
+        run.save_checkpoint(&model, Some(optimizer_bytes(&optim)), &Progress::default())
+            .unwrap();
+        let state = run.load_state().unwrap();
+        for name in [state.model_file.clone(), state.optimizer_file.clone().unwrap()] {
+            let file = run.file(&name);
+            let good = fs::read(&file).unwrap();
+            let mut bad = good.clone();
+            let middle = bad.len() / 2;
+            bad[middle..middle + 64].iter_mut().for_each(|b| *b ^= 0x5a);
+            fs::write(&file, &bad).unwrap();
+            let err = run
+                .load_training::<burn::backend::Autodiff<NdArray>>(&config, &device)
+                .map(|_| ())
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(&name) && err.contains("the file is corrupt"),
+                "{err}"
+            );
+            fs::write(&file, &good).unwrap();
+        }
+        run.load_training::<burn::backend::Autodiff<NdArray>>(&config, &device)
+            .unwrap();
     }
 }

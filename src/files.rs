@@ -47,6 +47,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
     Ok(())
 }
 
+/// SHA-256 of `bytes`, as lowercase hex.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// `YYYYmmdd-HHMMSS` in UTC.
 pub fn utc_stamp(time: std::time::SystemTime) -> String {
     let secs = time
