@@ -154,7 +154,31 @@ impl RunDir {
                 return Err(CheckpointError::Busy(self.path.clone()));
             }
         }
+        self.remove_leftovers();
         Ok(RunLock { _file: file, path })
+    }
+
+    /// What a process killed while checkpointing (SIGKILL, power loss) leaves behind and no
+    /// checkpoint names: temporary files of `write_atomic`, and records written before the
+    /// `state.json` that would have named them. Called with the lock held, so no other process
+    /// is writing them. When state.json cannot be read, records are left alone.
+    fn remove_leftovers(&self) {
+        let state = self.load_state().ok();
+        let Ok(entries) = fs::read_dir(&self.path) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let temporary = name.ends_with(".tmp");
+            let orphan = state.as_ref().is_some_and(|s| {
+                let record =
+                    (name.starts_with("model-") || name.starts_with("optimizer-")) && name.ends_with(".mpk");
+                record && name != s.model_file && s.optimizer_file.as_deref() != Some(name.as_str())
+            });
+            if temporary || orphan {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
     }
 
     /// An existing run directory, for reading.
@@ -604,5 +628,47 @@ mod tests {
         }
         run.load_training::<burn::backend::Autodiff<NdArray>>(&config, &device)
             .unwrap();
+    }
+
+    /// A process killed in the middle of a checkpoint leaves temporary files and records no
+    /// state.json names; the next process to take the run directory removes them.
+    #[test]
+    fn the_next_lock_removes_what_a_killed_checkpoint_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path().join("run")).unwrap();
+        let config = Recipe::Tch.config();
+        let device = Default::default();
+        run.save_checkpoint(
+            &init_model::<NdArray>(&config, &device),
+            Some(vec![1, 2]),
+            &Progress::default(),
+        )
+        .unwrap();
+        let state = run.load_state().unwrap();
+        for leftover in [
+            "state.json.4242.tmp",
+            "model-e0001-s0000010.mpk.4242.tmp",
+            "model-e0001-s0000010.mpk",
+            "optimizer-e0001-s0000010.mpk",
+        ] {
+            fs::write(run.file(leftover), b"x").unwrap();
+        }
+        fs::write(run.file("notes.txt"), b"mine").unwrap();
+        let _lock = run.lock().unwrap();
+        let mut names: Vec<String> = fs::read_dir(&run.path)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        names.sort();
+        let mut want = vec![
+            LOCK_FILE.to_string(),
+            state.model_file.clone(),
+            "notes.txt".to_string(),
+            state.optimizer_file.clone().unwrap(),
+            STATE_FILE.to_string(),
+        ];
+        want.sort();
+        assert_eq!(names, want);
+        run.load_model::<NdArray>(&config, &device).unwrap();
     }
 }
