@@ -1,17 +1,21 @@
 //! PyTorch weights in and out of ember models, by PyTorch's parameter names and layouts
-//! (`conv1.weight`, `fc1.weight` as `[out, in]`), through burn-store: no libtorch.
+//! (`conv1.weight`, `fc1.weight` as `[out, in]`), read by `torch_save` (no libtorch, no Python) and mapped
+//! through burn-store's adapters.
 
-use std::collections::HashMap;
+use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 
 use burn::module::{AutodiffModule, ModuleMapper, Param};
 use burn::optim::GradientsParams;
 use burn::store::{ApplyResult, BurnToPyTorchAdapter, ModuleSnapshot, PyTorchToBurnAdapter, TensorSnapshot};
 use burn::tensor::backend::{AutodiffBackend, Backend};
-use burn::tensor::{DType, Tensor, TensorData};
-use burn_store::pytorch::PytorchReader;
+use burn::tensor::{Tensor, TensorData};
 
 use crate::model::{Model, ModelKind};
+
+pub mod torch_save;
+
+use torch_save::TorchSave;
 
 /// Errors importing weights; each names the file and the keys at fault.
 #[derive(Debug, thiserror::Error)]
@@ -67,22 +71,22 @@ pub fn from_pytorch_file<B: Backend>(
     path: &Path,
     device: &B::Device,
 ) -> Result<Model<B>, ImportError> {
-    let file = PytorchReader::new(path).map_err(|e| ImportError::Read {
+    let read_error = |reason| ImportError::Read {
         path: path.to_owned(),
-        reason: e.to_string(),
-    })?;
+        reason,
+    };
+    let mut file = TorchSave::open(path).map_err(read_error)?;
     let model = kind.init::<B>(device);
-    let tensors = checked_tensors(file.into_tensors(), &to_pytorch_tensors(&model), path, kind)?;
+    let tensors = checked_tensors(&mut file, &pytorch_shapes(&model), path, kind)?;
     from_pytorch_tensors(model, tensors, path)
 }
 
 /// The file's tensors, read only after their names, shapes and types match `expected` (the
 /// model's, by PyTorch name and layout): what a file's header claims never decides how much is
-/// allocated. A storage shorter than its tensor, an integer tensor or a non-finite value is an
-/// error naming the tensor.
-fn checked_tensors(
-    file: HashMap<String, TensorSnapshot>,
-    expected: &[(String, TensorData)],
+/// allocated. An integer tensor or a non-finite value is an error naming the tensor.
+fn checked_tensors<R: Read + Seek>(
+    file: &mut TorchSave<R>,
+    expected: &[(String, Vec<usize>)],
     path: &Path,
     kind: ModelKind,
 ) -> Result<Vec<(String, TensorData)>, ImportError> {
@@ -95,28 +99,27 @@ fn checked_tensors(
     };
     let missing: Vec<String> = expected
         .iter()
-        .filter(|(name, _)| !file.contains_key(name))
+        .filter(|(name, _)| !file.tensors.contains_key(name))
         .map(|(name, _)| name.clone())
         .collect();
-    let mut unexpected: Vec<String> = file
+    let unexpected: Vec<String> = file
+        .tensors
         .keys()
         .filter(|name| !expected.iter().any(|(n, _)| n == *name))
         .cloned()
         .collect();
-    unexpected.sort();
     let mut invalid = Vec::new();
     for (name, want) in expected {
-        let Some(snapshot) = file.get(name) else { continue };
-        if snapshot.shape.as_slice() != want.shape.as_slice() {
+        let Some(t) = file.tensors.get(name) else { continue };
+        if t.shape != *want {
             invalid.push(format!(
-                "{name} has shape {:?} in the file, {:?} expected",
-                snapshot.shape.as_slice(),
-                want.shape.as_slice()
+                "{name} has shape {:?} in the file, {want:?} expected",
+                t.shape
             ));
-        } else if !matches!(snapshot.dtype, DType::F32 | DType::F64 | DType::F16 | DType::BF16) {
+        } else if t.element.float_dtype().is_none() {
             invalid.push(format!(
-                "{name} holds {:?}, floating point expected",
-                snapshot.dtype
+                "{name} holds {}, floating point expected",
+                t.element_name()
             ));
         }
     }
@@ -125,21 +128,12 @@ fn checked_tensors(
     }
     let mut tensors = Vec::with_capacity(expected.len());
     for (name, _) in expected {
-        let snapshot = &file[name];
-        let data = snapshot.to_data().map_err(|e| ImportError::Read {
+        let t = file.tensors[name].clone();
+        let data = file.read(&t).map_err(|reason| ImportError::Read {
             path: path.to_owned(),
-            reason: format!("{name}: {e}"),
+            reason: format!("{name}: {reason}"),
         })?;
-        if data.bytes.len() != snapshot.data_len() {
-            invalid.push(format!(
-                "{name} has {} bytes of data, {} expected (a truncated file?)",
-                data.bytes.len(),
-                snapshot.data_len()
-            ));
-            continue;
-        }
-        let data = data.convert::<f32>();
-        let values = data.as_slice::<f32>().expect("converted to f32");
+        let values = data.as_slice::<f32>().expect("read as f32");
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
             invalid.push(format!("{name} holds {} at index {i}", values[i]));
             continue;
@@ -175,6 +169,15 @@ pub fn from_pytorch_tensors<B: Backend>(
     let result = model.apply(snapshots, None, Some(Box::new(PyTorchToBurnAdapter)), true);
     check(result, source, kind)?;
     Ok(model)
+}
+
+/// The model's parameter shapes by PyTorch name, in PyTorch's layout, without reading values.
+fn pytorch_shapes<B: Backend>(model: &Model<B>) -> Vec<(String, Vec<usize>)> {
+    model
+        .collect(None, Some(Box::new(BurnToPyTorchAdapter)), true)
+        .into_iter()
+        .map(|s| (s.full_path(), s.shape.to_vec()))
+        .collect()
 }
 
 /// The model's parameters by PyTorch name, in PyTorch's layout.
@@ -268,102 +271,5 @@ mod tests {
         assert!(err.starts_with("x.pt: not a tch-net state_dict"), "{err}");
         assert!(err.contains("missing keys: fc2.bias"), "{err}");
         assert!(err.contains("unexpected keys: fc3.weight"), "{err}");
-    }
-
-    /// A file's tensors as PytorchReader gives them: shape and type from the header, data read
-    /// by a closure. Each closure here counts its calls.
-    fn lazy(
-        name: &str,
-        dtype: DType,
-        shape: Vec<usize>,
-        data: impl Fn() -> TensorData + 'static,
-        reads: &std::rc::Rc<std::cell::Cell<usize>>,
-    ) -> (String, TensorSnapshot) {
-        let reads = reads.clone();
-        let snapshot = TensorSnapshot::from_closure(
-            std::rc::Rc::new(move || {
-                reads.set(reads.get() + 1);
-                Ok(data())
-            }),
-            dtype,
-            shape.into(),
-            name.split('.').map(String::from).collect(),
-            Vec::new(),
-            Default::default(),
-        );
-        (name.to_string(), snapshot)
-    }
-
-    /// The tch-net state_dict with `name` replaced by `replacement`, as a lazy file.
-    fn file_with(
-        replacement: (String, TensorSnapshot),
-        reads: &std::rc::Rc<std::cell::Cell<usize>>,
-    ) -> (HashMap<String, TensorSnapshot>, Vec<(String, TensorData)>) {
-        let expected = to_pytorch_tensors(&ModelKind::TchNet.init::<NdArray>(&Default::default()));
-        let mut file: HashMap<String, TensorSnapshot> = expected
-            .iter()
-            .map(|(n, d)| {
-                let d = d.clone();
-                lazy(n, DType::F32, d.shape.to_vec(), move || d.clone(), reads)
-            })
-            .collect();
-        file.insert(replacement.0.clone(), replacement.1);
-        (file, expected)
-    }
-
-    fn import_error(file: HashMap<String, TensorSnapshot>, expected: &[(String, TensorData)]) -> String {
-        checked_tensors(file, expected, Path::new("bad.pt"), ModelKind::TchNet)
-            .unwrap_err()
-            .to_string()
-    }
-
-    #[test]
-    fn lying_shapes_and_integer_tensors_are_refused_before_any_read() {
-        let reads = std::rc::Rc::new(std::cell::Cell::new(0));
-        let never = || -> TensorData { panic!("read a tensor whose header does not fit the model") };
-        for (dtype, shape, says) in [
-            (
-                DType::F32,
-                vec![1_000_000, 1_000_000],
-                "fc1.weight has shape [1000000, 1000000] in the file, [128, 9216] expected",
-            ),
-            (DType::F32, vec![20_000, 20_000], "[20000, 20000] in the file"),
-            (
-                DType::I64,
-                vec![128, 9216],
-                "fc1.weight holds I64, floating point expected",
-            ),
-        ] {
-            let (file, expected) = file_with(lazy("fc1.weight", dtype, shape, never, &reads), &reads);
-            let err = import_error(file, &expected);
-            assert!(
-                err.starts_with("bad.pt: not a tch-net state_dict: invalid tensors:"),
-                "{err}"
-            );
-            assert!(err.contains(says), "{err}");
-            assert_eq!(reads.get(), 0, "{err}");
-        }
-    }
-
-    #[test]
-    fn short_storages_and_non_finite_values_are_refused() {
-        let reads = std::rc::Rc::new(std::cell::Cell::new(0));
-        let nan = || {
-            TensorData::new(
-                vec![0.0f32, 1.0, f32::NAN, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
-                [10],
-            )
-        };
-        let (file, expected) = file_with(lazy("fc2.bias", DType::F32, vec![10], nan, &reads), &reads);
-        let err = import_error(file, &expected);
-        assert!(err.contains("fc2.bias holds NaN at index 2"), "{err}");
-
-        let truncated = || TensorData::from_bytes_vec(vec![0u8; 12], [10], DType::F32);
-        let (file, expected) = file_with(lazy("fc2.bias", DType::F32, vec![10], truncated, &reads), &reads);
-        let err = import_error(file, &expected);
-        assert!(
-            err.contains("fc2.bias has 12 bytes of data, 40 expected (a truncated file?)"),
-            "{err}"
-        );
     }
 }
