@@ -109,10 +109,14 @@ pub struct RunDir {
 }
 
 impl RunDir {
-    /// Creates `path`, which must not exist or be empty.
+    /// Creates `path`, which must not exist or be empty. A lone `.lock` counts as empty: it is
+    /// what a run killed before writing its config leaves, and [`RunDir::lock`] still refuses a
+    /// directory that another process holds.
     pub fn create(path: PathBuf) -> Result<Self, CheckpointError> {
         if path.exists() {
-            let empty = fs::read_dir(&path).map_err(io(&path))?.next().is_none();
+            let empty = fs::read_dir(&path)
+                .map_err(io(&path))?
+                .all(|e| e.is_ok_and(|e| e.file_name() == LOCK_FILE));
             if !empty {
                 return Err(CheckpointError::Exists(path));
             }
@@ -160,9 +164,11 @@ impl RunDir {
 
     /// What a process killed while checkpointing (SIGKILL, power loss) leaves behind and no
     /// checkpoint names: temporary files of `write_atomic`, and records written before the
-    /// `state.json` that would have named them. Called with the lock held, so no other process
-    /// is writing them. When state.json cannot be read, records are left alone.
+    /// `state.json` that would have named them (all records, where a run was killed in its
+    /// first checkpoint and there is no state.json). Called with the lock held, so no other
+    /// process is writing them. When state.json exists but cannot be read, records are left alone.
     fn remove_leftovers(&self) {
+        let none_committed = !self.file(STATE_FILE).exists();
         let state = self.load_state().ok();
         let Ok(entries) = fs::read_dir(&self.path) else {
             return;
@@ -170,11 +176,13 @@ impl RunDir {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
             let temporary = name.ends_with(".tmp");
-            let orphan = state.as_ref().is_some_and(|s| {
-                let record =
-                    (name.starts_with("model-") || name.starts_with("optimizer-")) && name.ends_with(".mpk");
-                record && name != s.model_file && s.optimizer_file.as_deref() != Some(name.as_str())
-            });
+            let record =
+                (name.starts_with("model-") || name.starts_with("optimizer-")) && name.ends_with(".mpk");
+            let orphan = record
+                && (none_committed
+                    || state.as_ref().is_some_and(|s| {
+                        name != s.model_file && s.optimizer_file.as_deref() != Some(name.as_str())
+                    }));
             if temporary || orphan {
                 let _ = fs::remove_file(entry.path());
             }
@@ -628,6 +636,38 @@ mod tests {
         }
         run.load_training::<burn::backend::Autodiff<NdArray>>(&config, &device)
             .unwrap();
+    }
+
+    /// A run killed before it wrote config.json leaves only `.lock`: the same `--run-dir` is
+    /// accepted again, while a directory with anything else in it is not.
+    #[test]
+    fn a_lone_lock_file_counts_as_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path().join("run")).unwrap();
+        drop(run.lock().unwrap());
+        assert!(run.file(LOCK_FILE).exists());
+        let again = RunDir::create(run.path.clone()).unwrap();
+        fs::write(again.file("notes.txt"), b"mine").unwrap();
+        let err = RunDir::create(run.path.clone()).unwrap_err().to_string();
+        assert!(err.contains("already exists and is not empty"), "{err}");
+    }
+
+    /// Killed in its first checkpoint, a run has records and no state.json: none is committed.
+    #[test]
+    fn without_state_json_every_record_is_a_leftover() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = RunDir::create(dir.path().join("run")).unwrap();
+        run.save_config(&Recipe::Tch.config()).unwrap();
+        for leftover in ["model-e0000-s0000000.mpk", "optimizer-e0000-s0000000.mpk.77.tmp"] {
+            fs::write(run.file(leftover), b"x").unwrap();
+        }
+        let _lock = run.lock().unwrap();
+        let mut names: Vec<String> = fs::read_dir(&run.path)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        names.sort();
+        assert_eq!(names, [LOCK_FILE, CONFIG_FILE]);
     }
 
     /// A process killed in the middle of a checkpoint leaves temporary files and records no

@@ -9,7 +9,7 @@ use burn::module::Module;
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 
-use crate::checkpoint::{optimizer_bytes, CheckpointError, RunDir};
+use crate::checkpoint::{optimizer_bytes, CheckpointError, RunDir, STATE_FILE};
 use crate::config::TrainConfig;
 use crate::data::DeviceSplit;
 use crate::metrics::{self, MetricsError, MetricsRow, CURVES_FILE};
@@ -114,8 +114,13 @@ impl<B: AutodiffBackend> Start<B> {
         }
     }
 
-    /// The run's latest checkpoint and metrics.
+    /// The run's latest checkpoint and metrics; the run's start when it was stopped before its
+    /// first checkpoint (config.json written, no state.json yet): the config holds the seed,
+    /// so that is the same run.
     pub fn resume(run: &RunDir, config: &TrainConfig, device: &B::Device) -> Result<Self, RunError> {
+        if !run.file(STATE_FILE).exists() {
+            return Ok(Self::fresh(config, device));
+        }
         let (model, optim, progress) = run.load_training::<B>(config, device)?;
         let mut rows = metrics::read_if_present(&run.path)?;
         rows.retain(|r| r.epoch <= progress.epoch);

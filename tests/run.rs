@@ -367,3 +367,30 @@ fn predict_on_pngs_of_test_images_agrees_with_the_model_and_reports_bad_files() 
         .success();
     assert!(std::fs::metadata(&both).unwrap().len() > 10_000);
 }
+
+/// A run killed after writing config.json and before its first checkpoint resumes from the
+/// start: the config holds the seed, so it is the same run (it used to fail on the missing
+/// state.json, and the same --run-dir was refused as not empty).
+#[test]
+fn a_run_stopped_before_its_first_checkpoint_resumes_from_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let (straight, stopped) = (dir.path().join("straight"), dir.path().join("stopped"));
+    ember().args(train_args(&straight, "1")).assert().success();
+    std::fs::create_dir(&stopped).unwrap();
+    std::fs::copy(straight.join("config.json"), stopped.join("config.json")).unwrap();
+    // The half-written first checkpoint's record.
+    std::fs::write(stopped.join("model-e0000-s0000000.mpk"), b"half").unwrap();
+    let out = ember()
+        .args(["train", "--resume"])
+        .arg(&stopped)
+        .args(["--data-dir"])
+        .arg(repo_mnist())
+        .args(["--device", "cpu"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("resuming after 0 completed epochs"), "{stdout}");
+    assert_eq!(weights(&straight), weights(&stopped));
+    assert!(!stopped.join("model-e0000-s0000000.mpk").exists());
+}
