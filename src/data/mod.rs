@@ -55,7 +55,7 @@ pub enum DataError {
         actual: String,
         expected: &'static str,
     },
-    #[error("{dataset} files missing in {}: {}\n{}", dir.display(), missing.join(", "), hint)]
+    #[error("{dataset} files missing in {}: {}; {}", dir.display(), missing.join(", "), hint)]
     Missing {
         dataset: Dataset,
         dir: PathBuf,
@@ -289,9 +289,8 @@ fn locate(source: &Source) -> Result<[PathBuf; 4], DataError> {
                 dir: source.dir.clone(),
                 missing: names,
                 hint: format!(
-                    "{failure}.\nPut those files (from {}) into {}, or point --data-dir (or EMBER_DATA_DIR) at a folder that has them.",
+                    "{failure}; put those files (from {}) there, or point --data-dir (or EMBER_DATA_DIR) at a folder that has them",
                     source.dataset.mirrors()[0],
-                    source.dir.display()
                 ),
             });
         }
