@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 
@@ -53,9 +53,8 @@ impl BackendTask for EvalTask {
 
     fn run<B: AutodiffBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
         let Self { config, data, run } = self;
-        let model = run
-            .load_model::<B::InnerBackend>(&config, &device)
-            .with_context(|| format!("loading the checkpoint in {}", run.path.display()))?;
+        // Its errors name the file at fault, inside the run directory.
+        let model = run.load_model::<B::InnerBackend>(&config, &device)?;
         let mut test = data.test;
         if let Some(n) = config.limit_test {
             test.truncate(n);

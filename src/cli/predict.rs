@@ -65,7 +65,7 @@ impl BackendTask for PredictTask {
         let good: Vec<_> = loaded.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
         let mut probs = predict::probabilities(&model, &good, config.normalization, &device).into_iter();
         let mut entries = Vec::new();
-        let mut failed = 0;
+        let mut failed = Vec::new();
         for (path, result) in images.iter().zip(&loaded) {
             let file = path.display().to_string();
             match result {
@@ -77,8 +77,7 @@ impl BackendTask for PredictTask {
                     entries.push(serde_json::to_value(&p)?);
                 }
                 Err(e) => {
-                    failed += 1;
-                    eprintln!("Error: {e}");
+                    failed.push(e.to_string());
                     entries.push(serde_json::json!({ "file": file, "error": e.to_string() }));
                 }
             }
@@ -86,10 +85,13 @@ impl BackendTask for PredictTask {
         if json {
             println!("{}", serde_json::to_string_pretty(&entries)?);
         }
+        // One line for all of them, after the files that could be classified.
         anyhow::ensure!(
-            failed == 0,
-            "{failed} of {} files could not be classified",
-            images.len()
+            failed.is_empty(),
+            "{} of {} files could not be classified: {}",
+            failed.len(),
+            images.len(),
+            failed.join("; ")
         );
         Ok(())
     }

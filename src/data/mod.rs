@@ -265,6 +265,15 @@ impl Mnist {
 
 /// Paths of the four files in `source.dir`, downloading the missing ones when allowed.
 fn locate(source: &Source) -> Result<[PathBuf; 4], DataError> {
+    if source.dir.exists() && !source.dir.is_dir() {
+        return Err(DataError::Invalid {
+            path: source.dir.clone(),
+            reason: format!(
+                "a file, not a folder; point --data-dir (or EMBER_DATA_DIR) at the folder that holds {}'s files",
+                source.dataset
+            ),
+        });
+    }
     let files = source.dataset.files();
     let find = |spec: &FileSpec| {
         [format!("{}.gz", spec.name), spec.name.to_string()]

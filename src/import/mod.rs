@@ -75,7 +75,7 @@ pub fn from_pytorch_file<B: Backend>(
         path: path.to_owned(),
         reason,
     };
-    let mut file = TorchSave::open(path).map_err(read_error)?;
+    let mut file = TorchSave::open(path).map_err(|reason| read_error(printable(&reason)))?;
     let model = kind.init::<B>(device);
     let tensors = checked_tensors(&mut file, &pytorch_shapes(&model), path, kind)?;
     from_pytorch_tensors(model, tensors, path)
@@ -106,7 +106,7 @@ fn checked_tensors<R: Read + Seek>(
         .tensors
         .keys()
         .filter(|name| !expected.iter().any(|(n, _)| n == *name))
-        .cloned()
+        .map(|name| printable(name))
         .collect();
     let mut invalid = Vec::new();
     for (name, want) in expected {
@@ -131,7 +131,7 @@ fn checked_tensors<R: Read + Seek>(
         let t = file.tensors[name].clone();
         let data = file.read(&t).map_err(|reason| ImportError::Read {
             path: path.to_owned(),
-            reason: format!("{name}: {reason}"),
+            reason: format!("{name}: {}", printable(&reason)),
         })?;
         let values = data.as_slice::<f32>().expect("read as f32");
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
@@ -144,6 +144,20 @@ fn checked_tensors<R: Read + Seek>(
         return Err(mismatch(Vec::new(), Vec::new(), invalid));
     }
     Ok(tensors)
+}
+
+/// `text` from a file, with control characters escaped (`\n` as two characters): an error
+/// stays on one line whatever names the file holds.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// Loads named tensors in PyTorch's layout into `model`, converted to the backend's float type;
@@ -271,5 +285,11 @@ mod tests {
         assert!(err.starts_with("x.pt: not a tch-net state_dict"), "{err}");
         assert!(err.contains("missing keys: fc2.bias"), "{err}");
         assert!(err.contains("unexpected keys: fc3.weight"), "{err}");
+    }
+
+    #[test]
+    fn names_from_a_file_print_on_one_line() {
+        assert_eq!(printable("fc2.wei\nht\u{7}"), "fc2.wei\\nht\\u{7}");
+        assert_eq!(printable("conv1.weight"), "conv1.weight");
     }
 }
