@@ -176,8 +176,7 @@ impl RunDir {
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
             let temporary = name.ends_with(".tmp");
-            let record =
-                (name.starts_with("model-") || name.starts_with("optimizer-")) && name.ends_with(".mpk");
+            let record = is_record(&name);
             let orphan = record
                 && (none_committed
                     || state.as_ref().is_some_and(|s| {
@@ -262,8 +261,7 @@ impl RunDir {
         let keep = [Some(state.model_file.as_str()), state.optimizer_file.as_deref()];
         for entry in fs::read_dir(&self.path).map_err(io(&self.path))?.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();
-            let record =
-                (name.starts_with("model-") || name.starts_with("optimizer-")) && name.ends_with(".mpk");
+            let record = is_record(&name);
             if record && !keep.contains(&Some(name.as_str())) {
                 let _ = fs::remove_file(entry.path());
             }
@@ -355,6 +353,11 @@ impl RunDir {
         let optim = config.optimizer.init::<B, Model<B>>().load_record(record);
         Ok((model, optim, state.progress))
     }
+}
+
+/// A model or optimizer record file's name, as checkpoints write them.
+fn is_record(name: &str) -> bool {
+    (name.starts_with("model-") || name.starts_with("optimizer-")) && name.ends_with(".mpk")
 }
 
 /// The reason a record did not decode, without the advice burn appends to every tensor
@@ -638,6 +641,15 @@ mod tests {
             .unwrap();
     }
 
+    fn sorted_names(run: &RunDir) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(&run.path)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        names.sort();
+        names
+    }
+
     /// A run killed before it wrote config.json leaves only `.lock`: the same `--run-dir` is
     /// accepted again, while a directory with anything else in it is not.
     #[test]
@@ -662,11 +674,7 @@ mod tests {
             fs::write(run.file(leftover), b"x").unwrap();
         }
         let _lock = run.lock().unwrap();
-        let mut names: Vec<String> = fs::read_dir(&run.path)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-            .collect();
-        names.sort();
+        let names = sorted_names(&run);
         assert_eq!(names, [LOCK_FILE, CONFIG_FILE]);
     }
 
@@ -695,11 +703,7 @@ mod tests {
         }
         fs::write(run.file("notes.txt"), b"mine").unwrap();
         let _lock = run.lock().unwrap();
-        let mut names: Vec<String> = fs::read_dir(&run.path)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
-            .collect();
-        names.sort();
+        let names = sorted_names(&run);
         let mut want = vec![
             LOCK_FILE.to_string(),
             state.model_file.clone(),
