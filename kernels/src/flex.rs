@@ -17,6 +17,7 @@ use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 
 use crate::cpu;
 use crate::cpu::conv::{conv2d_backward, conv2d_forward, ConvShape};
+use crate::cpu::dropout::{dropout_backward, dropout_forward, DropoutMask};
 use crate::cpu::linear::LinearShape;
 use crate::cpu::pool::{max_pool2d_backward, max_pool2d_forward, PoolShape};
 use crate::{cast, same_type};
@@ -69,7 +70,7 @@ fn conv_forward(
     s: &ConvShape,
     relu: bool,
 ) -> FlexTensor {
-    let mut out = vec![0.0f32; s.batch * s.out_image()];
+    let mut out = cpu::zeroed::<f32>(s.batch * s.out_image());
     conv2d_forward(s, f32s(x), f32s(w), b.map(f32s), relu, &mut out);
     from_vec(out, conv_out_shape(s))
 }
@@ -155,9 +156,11 @@ impl Backward<Flex, 3> for ConvBackward {
             relu_out,
             shape: s,
         } = ops.state;
-        let mut dx = node_x.as_ref().map(|_| vec![0.0f32; s.batch * s.in_image()]);
-        let mut dw = node_w.as_ref().map(|_| vec![0.0f32; s.weight_len()]);
-        let mut db = node_b.as_ref().map(|_| vec![0.0f32; s.out_channels]);
+        let mut dx = node_x
+            .as_ref()
+            .map(|_| cpu::zeroed::<f32>(s.batch * s.in_image()));
+        let mut dw = node_w.as_ref().map(|_| cpu::zeroed::<f32>(s.weight_len()));
+        let mut db = node_b.as_ref().map(|_| cpu::zeroed::<f32>(s.out_channels));
         conv2d_backward(
             &s,
             f32s(&x),
@@ -213,7 +216,7 @@ fn linear_forward(
     s: &LinearShape,
     relu: bool,
 ) -> FlexTensor {
-    let mut y = vec![0.0f32; s.batch * s.outputs];
+    let mut y = cpu::zeroed::<f32>(s.batch * s.outputs);
     cpu::linear::linear_forward(s, f32s(x), f32s(w), b.map(f32s), relu, &mut y);
     from_vec(y, [s.batch, s.outputs])
 }
@@ -274,9 +277,9 @@ impl Backward<Flex, 3> for LinearBackward {
             relu_out,
             shape: s,
         } = ops.state;
-        let mut dx = node_x.as_ref().map(|_| vec![0.0f32; s.batch * s.inputs]);
-        let mut dw = node_w.as_ref().map(|_| vec![0.0f32; s.inputs * s.outputs]);
-        let mut db = node_b.as_ref().map(|_| vec![0.0f32; s.outputs]);
+        let mut dx = node_x.as_ref().map(|_| cpu::zeroed::<f32>(s.batch * s.inputs));
+        let mut dw = node_w.as_ref().map(|_| cpu::zeroed::<f32>(s.inputs * s.outputs));
+        let mut db = node_b.as_ref().map(|_| cpu::zeroed::<f32>(s.outputs));
         cpu::linear::linear_backward(
             &s,
             f32s(&x),
@@ -295,7 +298,7 @@ impl Backward<Flex, 3> for LinearBackward {
 
 fn pool_forward(x: &FlexTensor, s: &PoolShape) -> (FlexTensor, Vec<u32>) {
     let n = s.planes() * s.out_plane();
-    let (mut out, mut argmax) = (vec![0.0f32; n], vec![0u32; n]);
+    let (mut out, mut argmax) = (cpu::zeroed::<f32>(n), cpu::zeroed::<u32>(n));
     max_pool2d_forward(s, f32s(x), &mut out, &mut argmax);
     (from_vec(out, [s.batch, s.channels, s.out_h(), s.out_w()]), argmax)
 }
@@ -348,7 +351,7 @@ impl Backward<Flex, 1> for PoolBackward {
         let dy = contiguous(grads.consume::<Flex>(&ops.node));
         let Some(node) = node_x else { return };
         let s = ops.state.shape;
-        let mut dx = vec![0.0f32; s.planes() * s.in_plane()];
+        let mut dx = cpu::zeroed::<f32>(s.planes() * s.in_plane());
         max_pool2d_backward(&s, f32s(&dy), &ops.state.argmax, &mut dx);
         grads.register::<Flex>(node.id, from_vec(dx, [s.batch, s.channels, s.in_h, s.in_w]));
     }
@@ -396,4 +399,72 @@ pub(crate) fn optim_update<B: Backend, const D: usize>(
         )
     });
     (param, state)
+}
+
+/// A key for one dropout mask, drawn from flex's generator (4 x 16 bits), so that
+/// `Backend::seed` makes masks reproducible exactly as it does burn's own dropout.
+fn dropout_key() -> u64 {
+    let draws = Tensor::<Flex, 1>::random(
+        [4],
+        burn::tensor::Distribution::Uniform(0.0, 65536.0),
+        &Default::default(),
+    )
+    .into_data()
+    .to_vec::<f32>()
+    .expect("f32 draws");
+    draws
+        .iter()
+        .fold(0u64, |key, &d| (key << 16) | (d.clamp(0.0, 65535.0) as u64))
+}
+
+/// burn's `Dropout` (drop probability `prob`, in `(0, 1]`) on `Autodiff<Flex>`, with its mask
+/// from [`cpu::dropout`].
+pub(crate) fn dropout<B: Backend, const D: usize>(x: Tensor<B, D>, prob: f64) -> Tensor<B, D> {
+    let dims = x.dims();
+    let x = ad_prim(x);
+    let keep = 1.0 - prob;
+    let mask = DropoutMask {
+        key: dropout_key(),
+        keep,
+    };
+    let scale = (1.0 / keep) as f32;
+    let xp = contiguous(x.primitive);
+    let mut out = cpu::zeroed::<f32>(dims.iter().product());
+    dropout_forward(&mask, scale, f32s(&xp), &mut out);
+    let out = from_vec(out, dims);
+    let out = match DropoutBackward
+        .prepare::<NoCheckpointing>([x.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(DropoutState { mask, scale }, out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    };
+    back::<B, D>(tensor::<Ad, D>(out))
+}
+
+#[derive(Debug)]
+struct DropoutBackward;
+
+#[derive(Clone, Debug)]
+struct DropoutState {
+    mask: DropoutMask,
+    scale: f32,
+}
+
+impl Backward<Flex, 1> for DropoutBackward {
+    type State = DropoutState;
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x] = ops.parents;
+        let dy = contiguous(grads.consume::<Flex>(&ops.node));
+        let Some(node) = node_x else { return };
+        let DropoutState { mask, scale } = ops.state;
+        let mut dx = cpu::zeroed::<f32>(dy.layout().num_elements());
+        dropout_backward(&mask, scale, f32s(&dy), &mut dx);
+        grads.register::<Flex>(
+            node.id,
+            FlexTensor::from_data(TensorData::new(dx, dy.layout().shape().clone())),
+        );
+    }
 }

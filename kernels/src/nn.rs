@@ -5,8 +5,8 @@
 
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::MaxPool2d;
-use burn::nn::Linear;
 use burn::nn::PaddingConfig2d;
+use burn::nn::{Dropout, Linear};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
@@ -133,4 +133,23 @@ pub fn max_pool2d<B: Backend>(pool: &MaxPool2d, x: Tensor<B, 4>) -> Tensor<B, 4>
         }
         _ => pool.forward(x),
     }
+}
+
+/// `dropout.forward(x)`: on `Autodiff<Flex>` with the kernels, its mask comes from
+/// [`crate::cpu::dropout`] (built in parallel, no global lock, not stored for the backward pass);
+/// elsewhere it is burn's own op. Without autodiff it is the identity, as in burn.
+///
+/// # Shapes
+/// - `x`: any
+/// - output: the same
+pub fn dropout<B: Backend, const D: usize>(dropout: &Dropout, x: Tensor<B, D>) -> Tensor<B, D> {
+    #[cfg(feature = "flex")]
+    if dropout.prob > 0.0
+        && crate::flex::is_autodiff_flex::<B>()
+        && crate::kernels_enabled()
+        && x.dtype() == burn::tensor::DType::F32
+    {
+        return crate::flex::dropout(x, dropout.prob);
+    }
+    dropout.forward(x)
 }

@@ -310,3 +310,52 @@ fn inference_backend_runs_the_kernels() {
     let stock = burn::tensor::module::max_pool2d(x, [2, 2], [2, 2], [0, 0], [1, 1], false);
     assert_close("inference max_pool2d", values(pooled), values(stock));
 }
+
+/// Dropout on `Autodiff<Flex>` (the kernels' mask) does what burn's `Dropout` does with its own
+/// mask: each element is `x * scale` or 0, about `keep` of them kept, the gradient passes
+/// `scale` exactly where the element was kept; the same seed gives the same mask; inference is
+/// the identity.
+#[test]
+fn dropout_keeps_scales_and_routes_the_gradient_like_burns() {
+    use burn::nn::DropoutConfig;
+    let device = Default::default();
+    let dropout = DropoutConfig::new(0.3).init();
+    let (keep, scale) = (0.7f64, (1.0 / 0.7f64) as f32);
+    let run = |seed: u64| {
+        Fast::seed(&device, seed);
+        let x = Tensor::<Fast, 2>::from_data(
+            TensorData::new((0..64 * 1024).map(|i| 1.0 + (i % 5) as f32).collect::<Vec<_>>(), [64, 1024]),
+            &device,
+        )
+        .require_grad();
+        let y = ember_kernels::nn::dropout(&dropout, x.clone());
+        let grads = y.clone().sum().backward();
+        let dx = x.grad(&grads).unwrap();
+        (
+            x.into_data().to_vec::<f32>().unwrap(),
+            y.into_data().to_vec::<f32>().unwrap(),
+            dx.into_data().to_vec::<f32>().unwrap(),
+        )
+    };
+    let (x, y, dx) = run(5);
+    let mut kept = 0;
+    for ((&x, &y), &g) in x.iter().zip(&y).zip(&dx) {
+        if y == 0.0 {
+            assert_eq!(g, 0.0);
+        } else {
+            kept += 1;
+            assert_eq!(y, (x * 1.0) * scale);
+            assert_eq!(g, (1.0 * scale) * 1.0);
+        }
+    }
+    let n = x.len() as f64;
+    let sd = (n * keep * (1.0 - keep)).sqrt();
+    assert!((kept as f64 - n * keep).abs() < 6.0 * sd, "kept {kept} of {n}");
+    assert_eq!(run(5).1, y, "same seed, same mask");
+    assert_ne!(run(6).1, y, "another seed, another mask");
+    let inference = Tensor::<Flex, 2>::ones([4, 8], &device);
+    assert_eq!(
+        ember_kernels::nn::dropout(&dropout, inference.clone()).into_data(),
+        inference.into_data()
+    );
+}

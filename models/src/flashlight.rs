@@ -71,7 +71,7 @@ impl<B: Backend> Classifier<B> for FlashlightCnn<B> {
         let x = nn::max_pool2d(&self.pool, x); // [batch, 64, 7, 7]
         let x = x.flatten::<2>(1, 3); // [batch, 3136]
         let x = nn::linear_relu(&self.fc1, x); // [batch, 1024]
-        let x = self.dropout.forward(x);
+        let x = nn::dropout(&self.dropout, x);
         nn::linear(&self.fc2, x) // [batch, num_classes]
     }
 

@@ -64,7 +64,7 @@ impl<B: Backend> Classifier<B> for PytorchExampleNet<B> {
         let x = self.dropout1.forward(x);
         let x = x.flatten::<2>(1, 3); // [batch, 9216]
         let x = nn::linear_relu(&self.fc1, x); // [batch, 128]
-        let x = self.dropout2.forward(x);
+        let x = nn::dropout(&self.dropout2, x);
         let x = nn::linear(&self.fc2, x); // [batch, num_classes]
         log_softmax(x, 1)
     }

@@ -58,10 +58,10 @@ impl<B: Backend> Classifier<B> for TchNet<B> {
         let x = nn::conv2d_relu(&self.conv1, images); // [batch, 32, 26, 26]
         let x = nn::conv2d(&self.conv2, x); // [batch, 64, 24, 24]
         let x = nn::max_pool2d(&self.pool, x); // [batch, 64, 12, 12]
-        let x = self.dropout1.forward(x);
+        let x = nn::dropout(&self.dropout1, x);
         let x = x.flatten::<2>(1, 3); // [batch, 9216]
         let x = nn::linear_relu(&self.fc1, x); // [batch, 128]
-        let x = self.dropout2.forward(x);
+        let x = nn::dropout(&self.dropout2, x);
         nn::linear(&self.fc2, x) // [batch, num_classes]
     }
 
