@@ -5,6 +5,7 @@
 
 use divan::counter::ItemsCount;
 use ember_kernels::cpu::conv::{conv2d_backward, conv2d_forward, ConvShape, PadMode};
+use ember_kernels::cpu::dropout::{dropout_backward, dropout_forward, DropoutMask};
 use ember_kernels::cpu::linear::{linear_backward, linear_forward, LinearShape};
 use ember_kernels::cpu::optim::{update, Rule};
 use ember_kernels::cpu::pool::{max_pool2d_backward, max_pool2d_forward, PoolShape};
@@ -220,4 +221,21 @@ fn optimizer(bencher: divan::Bencher, rule: &str) {
     };
     let (mut p, mut g, mut a, mut b) = (ramp(n), ramp(n), vec![0.0; n], vec![0.0; n]);
     bencher.bench_local(|| update(rule, 0.0, &mut p, &mut g, &mut a, &mut b));
+}
+
+/// Dropout masks applied forward and backward: flashlight's after fc1 (64x1024, p 0.5) and
+/// the tch net's after its second pool at batch 256 (256x64x12x12, p 0.25).
+#[divan::bench(args = ["flash.fc1 64x1024", "tch.pool2 256x64x12x12"], sample_count = 20)]
+fn dropout(bencher: divan::Bencher, which: &str) {
+    let (n, keep) = match which {
+        "flash.fc1 64x1024" => (64 * 1024, 0.5),
+        _ => (256 * 64 * 12 * 12, 0.75),
+    };
+    let mask = DropoutMask { key: 42, keep };
+    let scale = (1.0 / keep) as f32;
+    let (x, mut y, mut dx) = (ramp(n), vec![0.0; n], vec![0.0; n]);
+    bencher.counter(ItemsCount::new(n)).bench_local(|| {
+        dropout_forward(&mask, scale, &x, &mut y);
+        dropout_backward(&mask, scale, &x, &mut dx);
+    });
 }

@@ -324,7 +324,10 @@ fn dropout_keeps_scales_and_routes_the_gradient_like_burns() {
     let run = |seed: u64| {
         Fast::seed(&device, seed);
         let x = Tensor::<Fast, 2>::from_data(
-            TensorData::new((0..64 * 1024).map(|i| 1.0 + (i % 5) as f32).collect::<Vec<_>>(), [64, 1024]),
+            TensorData::new(
+                (0..64 * 1024).map(|i| 1.0 + (i % 5) as f32).collect::<Vec<_>>(),
+                [64, 1024],
+            ),
             &device,
         )
         .require_grad();
