@@ -3,34 +3,14 @@
 //! as `.gz`): loading it is refused from the header, before any payload is decompressed into
 //! memory. A counting global allocator records the largest single allocation.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Write;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ember::data::{Dataset, Mnist, Source};
 
 mod common;
 
-struct Counting;
-
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LARGEST.fetch_max(new_size, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 
 #[test]
 fn an_idx_gz_claiming_a_million_images_is_refused_from_its_header() {
@@ -61,7 +41,7 @@ fn an_idx_gz_claiming_a_million_images_is_refused_from_its_header() {
     let size = std::fs::metadata(&bomb).unwrap().len();
     assert!(size < 16 << 20, "{size} bytes");
 
-    LARGEST.store(0, Ordering::Relaxed);
+    counting_alloc::reset_largest();
     let err = Mnist::load(&Source {
         dataset: Dataset::Mnist,
         dir: dir.path().to_owned(),
@@ -69,7 +49,7 @@ fn an_idx_gz_claiming_a_million_images_is_refused_from_its_header() {
     })
     .unwrap_err()
     .to_string();
-    let largest = LARGEST.load(Ordering::Relaxed);
+    let largest = counting_alloc::largest();
     assert!(
         err.contains("train-images-idx3-ubyte.gz")
             && err.contains("dimensions [1000000, 28, 28], expected [60000, 28, 28]"),

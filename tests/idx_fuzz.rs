@@ -2,43 +2,23 @@
 //! lie, give a value or an error, never a panic, and never an allocation larger than the input
 //! justifies. A counting global allocator records the largest single allocation.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::Write;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use ember::data::idx::{self, IMAGES_MAGIC, LABELS_MAGIC};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 
-struct Counting;
-
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LARGEST.fetch_max(new_size, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 
 const CASES: u32 = 4000;
 
 /// Parses `bytes` and returns the largest allocation made while doing it.
 fn parse_measured(bytes: &[u8], magic: u32) -> (Result<idx::Idx, String>, usize) {
-    LARGEST.store(0, Ordering::Relaxed);
+    counting_alloc::reset_largest();
     let result = idx::parse(bytes, Path::new("fuzz.idx"), magic).map_err(|e| e.to_string());
-    (result, LARGEST.load(Ordering::Relaxed))
+    (result, counting_alloc::largest())
 }
 
 /// What a parse of `len` input bytes may allocate: the payload buffer grows by doubling up to

@@ -5,10 +5,8 @@
 //! that names the file; never a panic, and never more memory than the file and the model justify.
 //! A counting global allocator records the peak of live bytes during each import.
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicIsize, Ordering};
 
 use burn::backend::NdArray;
 use ember::import::{from_pytorch_file, to_pytorch_tensors};
@@ -21,37 +19,8 @@ mod torch_save;
 
 use torch_save::{archive, f32_bytes, pickle, Tensor};
 
-struct Counting;
-
-static LIVE: AtomicIsize = AtomicIsize::new(0);
-static PEAK: AtomicIsize = AtomicIsize::new(0);
-
-fn grow(by: isize) {
-    let now = LIVE.fetch_add(by, Ordering::Relaxed) + by;
-    PEAK.fetch_max(now, Ordering::Relaxed);
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        grow(layout.size() as isize);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        grow(layout.size() as isize);
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        grow(new_size as isize - layout.size() as isize);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 
 const KIND: ModelKind = ModelKind::PytorchExampleNet;
 
@@ -59,8 +28,7 @@ const KIND: ModelKind = ModelKind::PytorchExampleNet;
 /// or the error as the CLI prints it) and the peak of bytes allocated beyond what was live before.
 fn import_measured(bytes: &[u8], file: &Path) -> (Result<Vec<(String, Vec<f32>)>, String>, usize) {
     std::fs::write(file, bytes).unwrap();
-    let before = LIVE.load(Ordering::Relaxed);
-    PEAK.store(before, Ordering::Relaxed);
+    let before = counting_alloc::reset_peak();
     let result = from_pytorch_file::<NdArray>(KIND, file, &Default::default())
         .map(|model| {
             to_pytorch_tensors(&model)
@@ -69,7 +37,7 @@ fn import_measured(bytes: &[u8], file: &Path) -> (Result<Vec<(String, Vec<f32>)>
                 .collect()
         })
         .map_err(|e| format!("{:#}", anyhow::Error::from(e)));
-    let peak = (PEAK.load(Ordering::Relaxed) - before).max(0) as usize;
+    let peak = (counting_alloc::peak() - before).max(0) as usize;
     (result, peak)
 }
 

@@ -4,32 +4,11 @@
 
 mod common;
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use common::claiming_png;
 use ember::predict;
 
-struct Counting;
-
-static LARGEST: AtomicUsize = AtomicUsize::new(0);
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        LARGEST.fetch_max(new_size, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
+#[path = "common/counting_alloc.rs"]
+mod counting_alloc;
 
 // One test so that the allocation counter sees no other test's allocations.
 #[test]
@@ -42,9 +21,9 @@ fn oversized_images_are_refused_from_the_header() {
         let bytes = claiming_png(w, h);
         assert!(bytes.len() < 8 << 10, "{} bytes", bytes.len());
         std::fs::write(&path, &bytes).unwrap();
-        LARGEST.store(0, Ordering::Relaxed);
+        counting_alloc::reset_largest();
         let err = predict::load(&path).unwrap_err().to_string();
-        let largest = LARGEST.load(Ordering::Relaxed);
+        let largest = counting_alloc::largest();
         assert!(
             err.contains(&format!("claims-{w}x{h}.png")) && err.contains(&format!("{w}x{h} pixels")),
             "{err}"
@@ -55,7 +34,7 @@ fn oversized_images_are_refused_from_the_header() {
     // A real digit-sized image still loads, within a small budget.
     let path = dir.path().join("digit.png");
     std::fs::write(&path, claiming_png(28, 28)).unwrap();
-    LARGEST.store(0, Ordering::Relaxed);
+    counting_alloc::reset_largest();
     predict::load(&path).unwrap();
-    assert!(LARGEST.load(Ordering::Relaxed) < 1 << 20);
+    assert!(counting_alloc::largest() < 1 << 20);
 }
