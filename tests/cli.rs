@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{ember, repo_mnist};
+use common::{ember, import_fixture, pytorch_fixture, repo_mnist};
 
 use std::io::Write;
 use std::path::Path;
@@ -177,19 +177,7 @@ fn os_errors_are_printed_once() {
 fn a_failed_resume_leaves_the_config_untouched() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("imported");
-    ember()
-        .args([
-            "import",
-            "--from",
-            "pytorch",
-            "--model",
-            "pytorch-example",
-            "--out",
-        ])
-        .arg(&run)
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch-example-net.pt"))
-        .assert()
-        .success();
+    import_fixture(&run);
     let before = std::fs::read(run.join("config.json")).unwrap();
     let out = ember()
         .args(["train", "--epochs", "0", "--resume"])
@@ -331,7 +319,7 @@ fn eval_reproduces_the_accuracy_training_printed() {
 
 #[test]
 fn import_of_a_pytorch_state_dict_gives_a_checkpoint_eval_accepts() {
-    let pt = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch-example-net.pt");
+    let pt = pytorch_fixture();
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("imported");
     ember()

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{ember, repo_mnist};
+use common::{ember, import_fixture, pytorch_fixture, repo_mnist};
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -36,10 +36,6 @@ fn one_line(out: &Output, needles: &[&str]) -> Result<String, String> {
     Ok(stderr)
 }
 
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch-example-net.pt")
-}
-
 /// A copy of the checkpoint directory `from` at `to`, with `file` replaced by `bytes`.
 fn altered(from: &Path, to: &Path, file: &str, bytes: &[u8]) -> PathBuf {
     std::fs::create_dir_all(to).unwrap();
@@ -61,19 +57,7 @@ fn every_mistake_is_one_line_naming_what_is_at_fault() {
 
     // A checkpoint to spoil: the PyTorch fixture, imported.
     let imported = d("imported");
-    ember()
-        .args([
-            "import",
-            "--from",
-            "pytorch",
-            "--model",
-            "pytorch-example",
-            "--out",
-        ])
-        .arg(&imported)
-        .arg(fixture())
-        .assert()
-        .success();
+    import_fixture(&imported);
     let state = std::fs::read_to_string(imported.join("state.json")).unwrap();
     let record: String = std::fs::read_dir(&imported)
         .unwrap()
@@ -226,9 +210,9 @@ fn every_mistake_is_one_line_naming_what_is_at_fault() {
                 "flashlight",
                 "--out",
                 &path(d("i2")),
-                &show(&fixture()),
+                &show(&pytorch_fixture()),
             ]),
-            vec![show(&fixture()), "not a flashlight-cnn state_dict".into()],
+            vec![show(&pytorch_fixture()), "not a flashlight-cnn state_dict".into()],
         ),
         (
             "import of a file that is not there",

@@ -20,6 +20,29 @@ pub fn repo_mnist() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist")
 }
 
+/// The PyTorch parity fixture's initial `state_dict` for the example net, saved by `torch.save`.
+pub fn pytorch_fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/pytorch-example-net.pt")
+}
+
+/// `ember import` of [`pytorch_fixture`] into the run directory `out`, which must succeed: a
+/// checkpoint for tests that resume, evaluate or spoil one.
+pub fn import_fixture(out: &Path) {
+    ember()
+        .args([
+            "import",
+            "--from",
+            "pytorch",
+            "--model",
+            "pytorch-example",
+            "--out",
+        ])
+        .arg(out)
+        .arg(pytorch_fixture())
+        .assert()
+        .success();
+}
+
 /// The repository's MNIST, loaded offline.
 pub fn load_mnist() -> Mnist {
     Mnist::load(&Source {
