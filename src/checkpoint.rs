@@ -102,6 +102,17 @@ impl RunLock {
     }
 }
 
+/// Whether `name` is what a run killed while starting leaves: its lock, or `write_atomic`'s
+/// temporary file of `config.json` (`config.json.<pid>.tmp`).
+fn left_by_a_start(name: &str) -> bool {
+    let config_tmp = name
+        .strip_prefix(CONFIG_FILE)
+        .and_then(|rest| rest.strip_prefix('.'))
+        .and_then(|rest| rest.strip_suffix(".tmp"))
+        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()));
+    name == LOCK_FILE || config_tmp
+}
+
 /// A run's directory.
 #[derive(Clone, Debug)]
 pub struct RunDir {
@@ -109,14 +120,15 @@ pub struct RunDir {
 }
 
 impl RunDir {
-    /// Creates `path`, which must not exist or be empty. A lone `.lock` counts as empty: it is
-    /// what a run killed before writing its config leaves, and [`RunDir::lock`] still refuses a
-    /// directory that another process holds.
+    /// Creates `path`, which must not exist or be empty. What a run killed before its config
+    /// was written leaves counts as empty: `.lock`, and a temporary `config.json.<pid>.tmp` of a
+    /// run killed while writing it ([`RunDir::lock`] removes that, and still refuses a directory
+    /// that another process holds).
     pub fn create(path: PathBuf) -> Result<Self, CheckpointError> {
         if path.exists() {
             let empty = fs::read_dir(&path)
                 .map_err(io(&path))?
-                .all(|e| e.is_ok_and(|e| e.file_name() == LOCK_FILE));
+                .all(|e| e.is_ok_and(|e| left_by_a_start(&e.file_name().to_string_lossy())));
             if !empty {
                 return Err(CheckpointError::Exists(path));
             }
@@ -650,8 +662,9 @@ mod tests {
         names
     }
 
-    /// A run killed before it wrote config.json leaves only `.lock`: the same `--run-dir` is
-    /// accepted again, while a directory with anything else in it is not.
+    /// A run killed before it wrote config.json leaves only `.lock` (and perhaps config.json's
+    /// temporary file): the same `--run-dir` is accepted again, while a directory with anything
+    /// else in it is not.
     #[test]
     fn a_lone_lock_file_counts_as_empty() {
         let dir = tempfile::tempdir().unwrap();
@@ -659,6 +672,18 @@ mod tests {
         drop(run.lock().unwrap());
         assert!(run.file(LOCK_FILE).exists());
         let again = RunDir::create(run.path.clone()).unwrap();
+        // Killed while writing config.json (found by tests/kill9.rs): also a start that left
+        // nothing, and the lock's cleanup removes the temporary file.
+        fs::write(again.file("config.json.4242.tmp"), b"{\"rec").unwrap();
+        let again = RunDir::create(run.path.clone()).unwrap();
+        drop(again.lock().unwrap());
+        assert_eq!(sorted_names(&again), [LOCK_FILE]);
+        for theirs in ["notes.tmp", "config.json.tmp", "config.json.x1.tmp"] {
+            fs::write(again.file(theirs), b"mine").unwrap();
+            let err = RunDir::create(run.path.clone()).unwrap_err().to_string();
+            assert!(err.contains("already exists and is not empty"), "{theirs}: {err}");
+            fs::remove_file(again.file(theirs)).unwrap();
+        }
         fs::write(again.file("notes.txt"), b"mine").unwrap();
         let err = RunDir::create(run.path.clone()).unwrap_err().to_string();
         assert!(err.contains("already exists and is not empty"), "{err}");
