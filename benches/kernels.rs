@@ -197,7 +197,7 @@ fn max_pool2d_bwd(bencher: divan::Bencher, which: usize) {
 
 /// One update of the largest parameter of each recipe: fc1.weight, 9216x128 (Adadelta, Adam)
 /// and flashlight's 3136x1024 (SGD).
-#[divan::bench(args = ["adadelta", "adam", "sgd"], sample_count = 20)]
+#[divan::bench(args = ["adadelta", "adam", "sgd", "sgd-nesterov"], sample_count = 20)]
 fn optimizer(bencher: divan::Bencher, rule: &str) {
     let (rule, n) = match rule {
         "adadelta" => (
@@ -217,7 +217,26 @@ fn optimizer(bencher: divan::Bencher, rule: &str) {
             },
             9216 * 128,
         ),
-        _ => (Rule::Sgd { lr: 1e-2 }, 3136 * 1024),
+        "sgd-nesterov" => (
+            Rule::Sgd {
+                lr: 1e-2,
+                momentum: 0.9,
+                dampening: 0.0,
+                nesterov: true,
+                step: 3,
+            },
+            3136 * 1024,
+        ),
+        _ => (
+            Rule::Sgd {
+                lr: 1e-2,
+                momentum: 0.0,
+                dampening: 0.0,
+                nesterov: false,
+                step: 3,
+            },
+            3136 * 1024,
+        ),
     };
     let (mut p, mut g, mut a, mut b) = (ramp(n), ramp(n), vec![0.0; n], vec![0.0; n]);
     bencher.bench_local(|| update(rule, 0.0, &mut p, &mut g, &mut a, &mut b));

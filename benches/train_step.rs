@@ -29,6 +29,7 @@ fn step(bencher: divan::Bencher, kind: ModelKind) {
             images.clone(),
             targets.clone(),
             config.lr,
+            config.label_smoothing,
         );
         model = Some(next);
         ember::train::scalar(loss)

@@ -273,7 +273,7 @@ pub fn run<B: AutodiffBackend>(
         let idx: Vec<usize> = (0..batch).map(|i| order[(next + i) % order.len()]).collect();
         next = (next + batch) % order.len();
         let (images, targets) = splits.train.gather(indices::<B::InnerBackend>(&idx, device));
-        train::train_step(model, optim, images, targets, config.lr)
+        train::train_step(model, optim, images, targets, config.lr, config.label_smoothing)
     };
     for _ in 0..settings.warmup_steps {
         model = step(model, &mut optim).0;
@@ -293,8 +293,7 @@ pub fn run<B: AutodiffBackend>(
     let train_step_ms = Stats::of(step_ms);
     let steps_per_epoch = splits.train.len().div_ceil(batch);
     let (epoch_seconds, epoch_measured) = if settings.full_epoch {
-        let (trained, end) =
-            train::train_whole_epoch(model, &mut optim, &splits.train, &config, 0, config.lr);
+        let (trained, end) = train::train_whole_epoch(model, &mut optim, &splits.train, &config, 0);
         model = trained;
         match end {
             train::EpochEnd::Done(stats) => (stats.seconds, true),

@@ -4,9 +4,10 @@
 use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
+use crate::augment::Augment;
 use crate::data::{Dataset, Normalization};
 use crate::model::ModelKind;
-use crate::optim::{OptimizerConfig, OptimizerKind, StepLr};
+use crate::optim::{OneCycle, OptimizerConfig, OptimizerKind, RunSchedule, Schedule, StepLr};
 
 /// The seed benchmark runs ember reproduces. Their settings live in [`Recipe::config`] only:
 /// the command line's help and `--recipe`'s value descriptions are generated from it.
@@ -16,11 +17,19 @@ pub enum Recipe {
     PytorchExample,
     Tch,
     Flashlight,
+    ResnetFashion,
+    Speedrun,
 }
 
 impl ValueEnum for Recipe {
     fn value_variants<'a>() -> &'a [Self] {
-        &[Self::PytorchExample, Self::Tch, Self::Flashlight]
+        &[
+            Self::PytorchExample,
+            Self::Tch,
+            Self::Flashlight,
+            Self::ResnetFashion,
+            Self::Speedrun,
+        ]
     }
 
     fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
@@ -34,6 +43,8 @@ impl Recipe {
             Self::PytorchExample => "pytorch-example",
             Self::Tch => "tch",
             Self::Flashlight => "flashlight",
+            Self::ResnetFashion => "resnet-fashion",
+            Self::Speedrun => "speedrun",
         }
     }
 
@@ -45,6 +56,8 @@ impl Recipe {
             Self::PytorchExample => "PyTorch's MNIST example",
             Self::Tch => "the tch-rs port",
             Self::Flashlight => "flashlight's MNIST",
+            Self::ResnetFashion => "ResNet-20 on Fashion-MNIST",
+            Self::Speedrun => "99% on MNIST in the least time",
         };
         let c = self.config();
         let optimizer = c.optimizer.kind.to_possible_value().expect("no skipped values");
@@ -52,8 +65,36 @@ impl Recipe {
             c.model.name().to_string(),
             format!("{} lr {}", optimizer.get_name(), c.lr),
         ];
+        let o = &c.optimizer;
+        if o.momentum != 0.0 {
+            let nesterov = if o.nesterov { " nesterov" } else { "" };
+            facts.push(format!("momentum {}{nesterov}", o.momentum));
+        }
+        if o.weight_decay != 0.0 {
+            let which = if o.no_decay_1d {
+                " (not on 1-D parameters)"
+            } else {
+                ""
+            };
+            facts.push(format!("weight decay {}{which}", o.weight_decay));
+        }
         if c.gamma != 1.0 {
             facts.push(format!("StepLR gamma {}", c.gamma));
+        }
+        if c.schedule != crate::optim::Schedule::Step {
+            facts.push(format!("{} schedule", c.schedule.name()));
+        }
+        if c.label_smoothing != 0.0 {
+            facts.push(format!("label smoothing {}", c.label_smoothing));
+        }
+        if c.augment.translate != 0 {
+            facts.push(format!("random shifts of up to {} px", c.augment.translate));
+        }
+        if c.augment.flip {
+            facts.push("random flips".into());
+        }
+        if c.dataset != Dataset::Mnist {
+            facts.push(c.dataset.to_string());
         }
         facts.push(format!("batch {}", c.batch_size));
         facts.push(format!("{} epochs", c.epochs));
@@ -68,6 +109,9 @@ impl Recipe {
                 c.valid_size
             ));
         }
+        if let Some(target) = c.target_accuracy {
+            facts.push(format!("stops at {target}% test accuracy"));
+        }
         format!("{origin}: {}", facts.join(", "))
     }
 
@@ -77,6 +121,8 @@ impl Recipe {
             ModelKind::PytorchExampleNet => Self::PytorchExample,
             ModelKind::TchNet => Self::Tch,
             ModelKind::FlashlightCnn => Self::Flashlight,
+            ModelKind::Resnet20 | ModelKind::Resnet18 => Self::ResnetFashion,
+            ModelKind::SpeedrunNet => Self::Speedrun,
         }
     }
 
@@ -88,8 +134,12 @@ impl Recipe {
             dataset: Dataset::Mnist,
             optimizer: OptimizerConfig::new(OptimizerKind::Adadelta),
             lr: 1.0,
+            schedule: Schedule::Step,
             gamma: 1.0,
             step_size: 1,
+            label_smoothing: 0.0,
+            augment: Augment::default(),
+            target_accuracy: None,
             batch_size: 64,
             test_batch_size: 1000,
             epochs: 14,
@@ -119,7 +169,56 @@ impl Recipe {
                 valid_size: 5000,
                 ..base
             },
+            Self::ResnetFashion => TrainConfig {
+                model: ModelKind::Resnet20,
+                dataset: Dataset::FashionMnist,
+                optimizer: modern_sgd(),
+                lr: 0.1,
+                schedule: Schedule::OneCycle(OneCycle {
+                    pct_start: 0.25,
+                    ..OneCycle::default()
+                }),
+                label_smoothing: 0.1,
+                augment: Augment {
+                    translate: 2,
+                    flip: true,
+                },
+                batch_size: 128,
+                epochs: 30,
+                normalization: Normalization::FASHION_MNIST,
+                ..base
+            },
+            Self::Speedrun => TrainConfig {
+                model: ModelKind::SpeedrunNet,
+                optimizer: modern_sgd(),
+                lr: 0.2,
+                schedule: Schedule::OneCycle(OneCycle {
+                    pct_start: 0.25,
+                    ..OneCycle::default()
+                }),
+                label_smoothing: 0.1,
+                augment: Augment {
+                    translate: 2,
+                    flip: false,
+                },
+                batch_size: 256,
+                epochs: 3,
+                target_accuracy: Some(99.0),
+                ..base
+            },
         }
+    }
+}
+
+/// SGD as modern image-classification recipes set it: Nesterov momentum 0.9 (moved by
+/// one-cycle between 0.95 and 0.85), weight decay 5e-4 on the weights only.
+fn modern_sgd() -> OptimizerConfig {
+    OptimizerConfig {
+        momentum: 0.9,
+        nesterov: true,
+        weight_decay: 5e-4,
+        no_decay_1d: true,
+        ..OptimizerConfig::new(OptimizerKind::Sgd)
     }
 }
 
@@ -132,10 +231,22 @@ pub struct TrainConfig {
     pub optimizer: OptimizerConfig,
     /// Learning rate of the first epoch.
     pub lr: f64,
+    /// How the rate moves: StepLR per epoch (from `gamma`, `step_size`) or per step.
+    #[serde(default)]
+    pub schedule: Schedule,
     /// StepLR's decay factor (1.0: constant rate).
     pub gamma: f64,
     /// StepLR's period in epochs.
     pub step_size: usize,
+    /// `F.cross_entropy`'s `label_smoothing` in the training loss (0: none).
+    #[serde(default)]
+    pub label_smoothing: f64,
+    /// Random translation and flips of the training images (none by default).
+    #[serde(default)]
+    pub augment: Augment,
+    /// Stop after the first epoch whose test accuracy (percent) reaches this.
+    #[serde(default)]
+    pub target_accuracy: Option<f64>,
     pub batch_size: usize,
     pub test_batch_size: usize,
     pub epochs: usize,
@@ -163,15 +274,50 @@ pub enum ConfigError {
     Negative { flag: &'static str, value: f64 },
     #[error("--valid-size {valid} leaves no training images out of {train}")]
     NoTrainingData { valid: usize, train: usize },
+    #[error("{flag} must be between {low} and {high}, got {value}")]
+    OutOfRange {
+        flag: &'static str,
+        value: f64,
+        low: f64,
+        high: f64,
+    },
+    #[error("{flag} {value} must be below {limit}")]
+    TooLarge {
+        flag: &'static str,
+        value: usize,
+        limit: usize,
+    },
+    #[error("{flag} applies to --schedule {needs} only")]
+    OtherSchedule { flag: &'static str, needs: String },
+    #[error("{flag} applies to --optimizer sgd only, not {optimizer}")]
+    OtherOptimizer { flag: &'static str, optimizer: String },
+    #[error(
+        "--nesterov needs a momentum (--momentum above 0, or one-cycle's --cycle-momentum) and --dampening 0"
+    )]
+    Nesterov,
+    #[error("--schedule one-cycle with --cycle-momentum moves the momentum, and --optimizer {0} has none: use --cycle-momentum=false")]
+    NoMomentumToCycle(String),
+    #[error("--epochs {asked}: this run's --schedule {schedule} spans its {epochs} epochs step by step and cannot be stretched; start a new run")]
+    FixedLength {
+        asked: usize,
+        epochs: usize,
+        schedule: &'static str,
+    },
+    #[error("--warmup-steps {warmup} must be fewer than the run's {total} optimizer steps")]
+    WarmupTooLong { warmup: usize, total: usize },
+    #[error("--pct-start {pct} puts one-cycle's peak on the first of the run's {total} steps, where OneCycleLR divides by zero: change --pct-start or the run's length")]
+    OneCyclePeakAtStart { pct: f64, total: usize },
 }
 
 impl TrainConfig {
-    pub fn schedule(&self) -> StepLr {
-        StepLr {
+    /// The run's learning-rate schedule, for epochs of `steps_per_epoch` optimizer steps.
+    pub fn schedule(&self, steps_per_epoch: usize) -> RunSchedule {
+        let step_lr = StepLr {
             base_lr: self.lr,
             gamma: self.gamma,
             step_size: self.step_size,
-        }
+        };
+        RunSchedule::new(self.schedule.clone(), step_lr, self.epochs, steps_per_epoch)
     }
 
     /// Checks the settings that do not depend on the data.
@@ -183,7 +329,26 @@ impl TrainConfig {
                 train,
             });
         }
-        Ok(())
+        let mut used = train - self.valid_size;
+        if let Some(n) = self.limit_train {
+            used = used.min(n);
+        }
+        let total = self.epochs * used.div_ceil(self.batch_size);
+        match &self.schedule {
+            Schedule::WarmupCosine { warmup_steps } if *warmup_steps >= total => {
+                Err(ConfigError::WarmupTooLong {
+                    warmup: *warmup_steps,
+                    total,
+                })
+            }
+            Schedule::OneCycle(c) if c.pct_start * total as f64 == 1.0 => {
+                Err(ConfigError::OneCyclePeakAtStart {
+                    pct: c.pct_start,
+                    total,
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -222,12 +387,94 @@ impl TrainConfig {
                 value: mean,
             });
         }
-        let decay = self.optimizer.weight_decay;
-        if !(decay.is_finite() && decay >= 0.0) {
-            return Err(ConfigError::Negative {
-                flag: "--weight-decay",
-                value: decay,
+        let o = &self.optimizer;
+        for (flag, value) in [
+            ("--weight-decay", o.weight_decay),
+            ("--momentum", o.momentum),
+            ("--dampening", o.dampening),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(ConfigError::Negative { flag, value });
+            }
+        }
+        if let Some(target) = self.target_accuracy {
+            if !(target > 0.0 && target <= 100.0) {
+                return Err(ConfigError::OutOfRange {
+                    flag: "--target-accuracy",
+                    value: target,
+                    low: 0.0,
+                    high: 100.0,
+                });
+            }
+        }
+        if self.augment.translate >= crate::data::IMAGE_SIDE {
+            return Err(ConfigError::TooLarge {
+                flag: "--translate",
+                value: self.augment.translate,
+                limit: crate::data::IMAGE_SIDE,
             });
+        }
+        if !(0.0..=1.0).contains(&self.label_smoothing) {
+            return Err(ConfigError::OutOfRange {
+                flag: "--label-smoothing",
+                value: self.label_smoothing,
+                low: 0.0,
+                high: 1.0,
+            });
+        }
+        let optimizer = || {
+            o.kind
+                .to_possible_value()
+                .expect("no skipped values")
+                .get_name()
+                .to_string()
+        };
+        if o.kind != OptimizerKind::Sgd {
+            for (flag, set) in [
+                ("--momentum", o.momentum != 0.0),
+                ("--dampening", o.dampening != 0.0),
+                ("--nesterov", o.nesterov),
+            ] {
+                if set {
+                    return Err(ConfigError::OtherOptimizer {
+                        flag,
+                        optimizer: optimizer(),
+                    });
+                }
+            }
+        }
+        let cycled = matches!(&self.schedule, Schedule::OneCycle(c) if c.cycle_momentum);
+        if o.nesterov && (o.dampening != 0.0 || (o.momentum == 0.0 && !cycled)) {
+            return Err(ConfigError::Nesterov);
+        }
+        if let Schedule::OneCycle(c) = &self.schedule {
+            if c.cycle_momentum && o.kind == OptimizerKind::Adadelta {
+                return Err(ConfigError::NoMomentumToCycle(optimizer()));
+            }
+            if !(0.0..=1.0).contains(&c.pct_start) {
+                return Err(ConfigError::OutOfRange {
+                    flag: "--pct-start",
+                    value: c.pct_start,
+                    low: 0.0,
+                    high: 1.0,
+                });
+            }
+            for (flag, value) in [
+                ("--div-factor", c.div_factor),
+                ("--final-div-factor", c.final_div_factor),
+            ] {
+                if !(value.is_finite() && value > 0.0) {
+                    return Err(ConfigError::NotPositive { flag, value });
+                }
+            }
+            for (flag, value) in [
+                ("--base-momentum", c.base_momentum),
+                ("--max-momentum", c.max_momentum),
+            ] {
+                if !(value.is_finite() && value >= 0.0) {
+                    return Err(ConfigError::Negative { flag, value });
+                }
+            }
         }
         Ok(())
     }

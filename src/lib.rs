@@ -5,6 +5,7 @@
 //! [`cli`] defines and runs the commands, [`train`] holds the one training loop,
 //! [`backend`] the one place concrete backends are named.
 
+pub mod augment;
 pub mod backend;
 pub mod bench;
 pub mod checkpoint;
@@ -22,5 +23,7 @@ pub mod optim;
 pub mod plot;
 pub mod predict;
 pub mod progress;
+pub mod race;
 pub mod run;
+pub mod seed;
 pub mod train;

@@ -1,6 +1,7 @@
 use clap::Parser;
 
 fn main() {
+    ember::run::mark_process_start();
     ember::memory::keep_freed_memory();
     let cli = ember::cli::Cli::parse();
     if let Err(err) = ember::cli::run(cli) {

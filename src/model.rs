@@ -6,11 +6,11 @@ use burn::tensor::{backend::Backend, Tensor};
 use clap::ValueEnum;
 use ember_models::{
     Classifier, FlashlightCnn, FlashlightCnnConfig, Output, PytorchExampleNet, PytorchExampleNetConfig,
-    TchNet, TchNetConfig,
+    ResNet, ResNetConfig, SpeedrunNet, SpeedrunNetConfig, TchNet, TchNetConfig,
 };
 use serde::{Deserialize, Serialize};
 
-/// The models of the seed benchmarks.
+/// The models of the seed benchmarks, and the ResNets and speedrun net of the recipes after them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ModelKind {
@@ -23,6 +23,13 @@ pub enum ModelKind {
     /// flashlight's MNIST CNN (3.3M parameters, replicate padding).
     #[value(alias = "flashlight")]
     FlashlightCnn,
+    /// ResNet-20 with projection shortcuts and batch norm (272,186 parameters, logits out).
+    Resnet20,
+    /// ResNet-18's widths and depths on a CIFAR stem (11.2M parameters).
+    Resnet18,
+    /// The speedrun recipe's conv-BN-ReLU-pool net (104,426 parameters).
+    #[value(alias = "speedrun")]
+    SpeedrunNet,
 }
 
 impl ModelKind {
@@ -32,6 +39,9 @@ impl ModelKind {
             Self::PytorchExampleNet => Model::PytorchExample(PytorchExampleNetConfig::new().init(device)),
             Self::TchNet => Model::Tch(TchNetConfig::new().init(device)),
             Self::FlashlightCnn => Model::Flashlight(FlashlightCnnConfig::new().init(device)),
+            Self::Resnet20 => Model::ResNet(ResNetConfig::resnet20().init(device)),
+            Self::Resnet18 => Model::ResNet(ResNetConfig::resnet18().init(device)),
+            Self::SpeedrunNet => Model::Speedrun(SpeedrunNetConfig::new().init(device)),
         }
     }
 
@@ -41,6 +51,9 @@ impl ModelKind {
             Self::PytorchExampleNet => "pytorch-example-net",
             Self::TchNet => "tch-net",
             Self::FlashlightCnn => "flashlight-cnn",
+            Self::Resnet20 => "resnet20",
+            Self::Resnet18 => "resnet18",
+            Self::SpeedrunNet => "speedrun-net",
         }
     }
 
@@ -63,6 +76,7 @@ impl ModelKind {
             Self::FlashlightCnn => {
                 Model::Flashlight(FlashlightCnnConfig::new().with_dropout(0.0).init(device))
             }
+            Self::Resnet20 | Self::Resnet18 | Self::SpeedrunNet => self.init(device),
         }
     }
 
@@ -79,6 +93,30 @@ impl ModelKind {
             }
             // conv1 32x1x5x5 at 28x28, conv2 64x32x5x5 at 14x14, fc1 3136x1024, fc2 1024x10
             Self::FlashlightCnn => conv(32, 1, 5, 28) + conv(64, 32, 5, 14) + 3136 * 1024 + 1024 * 10,
+            Self::Resnet20 | Self::Resnet18 => {
+                let (widths, depths): (&[u64], &[u64]) = match self {
+                    Self::Resnet20 => (&[16, 32, 64], &[3, 3, 3]),
+                    _ => (&[64, 128, 256, 512], &[2, 2, 2, 2]),
+                };
+                // Stem at 28x28, then per stage: the first block's conv1 (stride 2 after the
+                // first stage) and projection, the other 3x3 convolutions at the stage's size.
+                let mut side = 28;
+                let mut cin = widths[0];
+                let mut macs = conv(widths[0], 1, 3, side);
+                for (s, (&w, &d)) in widths.iter().zip(depths).enumerate() {
+                    if s > 0 {
+                        side = side.div_ceil(2);
+                    }
+                    macs += conv(w, cin, 3, side) + (2 * d - 1) * conv(w, w, 3, side);
+                    if cin != w {
+                        macs += conv(w, cin, 1, side);
+                    }
+                    cin = w;
+                }
+                macs + cin * 10
+            }
+            // 32x1x3x3 at 28, 64x32x3x3 at 14, 128x64x3x3 at 7, fc 1152x10
+            Self::SpeedrunNet => conv(32, 1, 3, 28) + conv(64, 32, 3, 14) + conv(128, 64, 3, 7) + 1152 * 10,
         }
     }
 }
@@ -95,6 +133,8 @@ pub enum Model<B: Backend> {
     PytorchExample(PytorchExampleNet<B>),
     Tch(TchNet<B>),
     Flashlight(FlashlightCnn<B>),
+    ResNet(ResNet<B>),
+    Speedrun(SpeedrunNet<B>),
 }
 
 impl<B: Backend> Model<B> {
@@ -103,7 +143,18 @@ impl<B: Backend> Model<B> {
             Self::PytorchExample(_) => ModelKind::PytorchExampleNet,
             Self::Tch(_) => ModelKind::TchNet,
             Self::Flashlight(_) => ModelKind::FlashlightCnn,
+            Self::ResNet(m) => resnet_kind(m.stages.len()),
+            Self::Speedrun(_) => ModelKind::SpeedrunNet,
         }
+    }
+}
+
+/// ResNet-20 has three stages, the ResNet-18 variant four.
+fn resnet_kind(stages: usize) -> ModelKind {
+    if stages == 3 {
+        ModelKind::Resnet20
+    } else {
+        ModelKind::Resnet18
     }
 }
 
@@ -114,6 +165,8 @@ pub fn record_kind<B: Backend>(record: &ModelRecord<B>) -> ModelKind {
         ModelRecord::PytorchExample(_) => ModelKind::PytorchExampleNet,
         ModelRecord::Tch(_) => ModelKind::TchNet,
         ModelRecord::Flashlight(_) => ModelKind::FlashlightCnn,
+        ModelRecord::ResNet(r) => resnet_kind(r.stages.len()),
+        ModelRecord::Speedrun(_) => ModelKind::SpeedrunNet,
     }
 }
 
@@ -123,6 +176,8 @@ impl<B: Backend> Classifier<B> for Model<B> {
             Self::PytorchExample(m) => m.forward(images),
             Self::Tch(m) => m.forward(images),
             Self::Flashlight(m) => m.forward(images),
+            Self::ResNet(m) => m.forward(images),
+            Self::Speedrun(m) => m.forward(images),
         }
     }
 
@@ -131,6 +186,18 @@ impl<B: Backend> Classifier<B> for Model<B> {
             Self::PytorchExample(m) => m.output(),
             Self::Tch(m) => m.output(),
             Self::Flashlight(m) => m.output(),
+            Self::ResNet(m) => m.output(),
+            Self::Speedrun(m) => m.output(),
+        }
+    }
+
+    fn trainable_params(&self) -> usize {
+        match self {
+            Self::PytorchExample(m) => m.trainable_params(),
+            Self::Tch(m) => m.trainable_params(),
+            Self::Flashlight(m) => m.trainable_params(),
+            Self::ResNet(m) => m.trainable_params(),
+            Self::Speedrun(m) => m.trainable_params(),
         }
     }
 }
@@ -154,5 +221,11 @@ mod tests {
         assert_eq!(ModelKind::PytorchExampleNet.forward_macs_per_image(), 11_992_448);
         // 627,200 + 10,035,200 + 3,211,264 + 10,240
         assert_eq!(ModelKind::FlashlightCnn.forward_macs_per_image(), 13_883_904);
+        // 225,792 + 3,612,672 + 3,612,672 + 11,520
+        assert_eq!(ModelKind::SpeedrunNet.forward_macs_per_image(), 7_462_656);
+        // Forward hooks on models.resnet20() / resnet18() of benches/pytorch/models.py at 1x28x28:
+        // sum over Conv2d of out.numel() * in_channels * k * k, plus Linear in * out.
+        assert_eq!(ModelKind::Resnet20.forward_macs_per_image(), 31_021_952);
+        assert_eq!(ModelKind::Resnet18.forward_macs_per_image(), 455_800_832);
     }
 }

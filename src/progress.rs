@@ -45,6 +45,11 @@ impl Progress {
         self.global_step + (step - self.step_in_epoch)
     }
 
+    /// The run's optimizer-step index of the current epoch's first step.
+    pub fn epoch_start_step(&self) -> usize {
+        self.global_step - self.step_in_epoch
+    }
+
     /// The current epoch stopped after `steps_done` of its steps, with these totals so far.
     pub fn stop_inside(&mut self, steps_done: usize, loss_sum: f64, seconds: f64) {
         self.global_step = self.global_step_at(steps_done);

@@ -5,7 +5,6 @@
 use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use burn::module::Module;
 use burn::tensor::backend::AutodiffBackend;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -196,10 +195,11 @@ pub fn train<B: AutodiffBackend>(
     if progress.is_start() {
         checkpoints.save(&model, &optim, &progress)?;
     }
-    let schedule = config.schedule();
+    let schedule = config.schedule(steps);
     let mut last = None;
     while progress.epoch < config.epochs {
-        let lr = schedule.lr(progress.epoch);
+        // The rate at the epoch's first step, for the metrics row and the epoch line.
+        let lr = schedule.at(progress.epoch, progress.epoch_start_step()).lr;
         let mut reporter = StepReporter::new(config, splits.train.len(), &progress, out);
         let control = EpochControl {
             from: &progress,
@@ -207,13 +207,14 @@ pub fn train<B: AutodiffBackend>(
             on_step: &mut |s| reporter.step(s),
             stop: &|| INTERRUPTED.load(Ordering::SeqCst),
         };
-        let (trained, end) = train::train_epoch(model, &mut optim, &splits.train, config, lr, control);
+        let (trained, end) = train::train_epoch(model, &mut optim, &splits.train, config, &schedule, control);
         model = trained;
         reporter.finish();
         let stats = match end {
             EpochEnd::Done(stats) => stats,
             EpochEnd::NonFinite { step, steps } => {
-                return Err(non_finite(run, save_model, &progress, lr, step, steps))
+                let lr = schedule.at(progress.epoch, progress.global_step_at(step - 1)).lr;
+                return Err(non_finite(run, save_model, &progress, lr, step, steps));
             }
             EpochEnd::Stopped {
                 steps_done,
@@ -233,7 +234,17 @@ pub fn train<B: AutodiffBackend>(
         if !out.quiet {
             println!("{}", epoch_line(config, &rows[rows.len() - 1], &test));
         }
+        let reached = config.target_accuracy.filter(|&t| 100.0 * test.accuracy() >= t);
         last = Some(test);
+        if let Some(target) = reached {
+            println!(
+                "target {target}% reached after epoch {}: {} at {:.2} s since the process started",
+                progress.epoch,
+                test.accuracy_text(),
+                since_process_start()
+            );
+            break;
+        }
     }
     let test = last.expect("at least one epoch ran");
     let saved = if save_model {
@@ -247,6 +258,22 @@ pub fn train<B: AutodiffBackend>(
         test.accuracy_text()
     );
     Ok(test)
+}
+
+static PROCESS_START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Marks the start of the process for [`since_process_start`]: `main` calls it first.
+pub fn mark_process_start() {
+    PROCESS_START.get_or_init(std::time::Instant::now);
+}
+
+/// Seconds since [`mark_process_start`] (since the first call, where nothing marked it): a
+/// time-to-accuracy includes loading the data and starting the device, as a user waits for them.
+pub fn since_process_start() -> f64 {
+    PROCESS_START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
 }
 
 /// The error that reports a non-finite loss at `step` of `steps`; nothing was saved after
@@ -415,7 +442,7 @@ pub fn header<B: AutodiffBackend>(
         "ember train: recipe {}, {} ({} parameters), {} {} train / {} valid / {} test, {info}\nrun directory: {}",
         config.recipe.name(),
         config.model.name(),
-        model.num_params(),
+        ember_models::Classifier::trainable_params(model),
         config.dataset,
         splits.train.len(),
         splits.valid.as_ref().map_or(0, DeviceSplit::len),

@@ -17,31 +17,54 @@ use ember_models::{Classifier, Output};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
+use crate::augment::DeviceDraws;
 use crate::config::{ConfigError, TrainConfig};
 use crate::data::{indices, DeviceSplit, Mnist};
 use crate::model::Model;
-use crate::optim::Optimizer;
+use crate::optim::{Optimizer, RunSchedule};
 use crate::progress::Progress;
 
 /// Mean negative log-likelihood of `targets` under the model's output; cross-entropy when the
-/// output is logits. Matches `F.nll_loss` / `F.cross_entropy` with `reduction="mean"`.
+/// output is logits. Matches `F.nll_loss` / `F.cross_entropy` with `reduction="mean"`, and
+/// `F.cross_entropy`'s `label_smoothing` (0: none): `(1 - s) * nll + s / classes * mean(-sum of
+/// the log-probabilities)`, the terms in ATen's order.
 ///
 /// # Shapes
 /// - `output`: `[batch, classes]`
 /// - `targets`: `[batch]`
 /// - returns `[1]`
-pub fn loss<B: Backend>(output: Tensor<B, 2>, kind: Output, targets: Tensor<B, 1, Int>) -> Tensor<B, 1> {
-    let batch = targets.dims()[0];
-    nll_sum(output, kind, targets).div_scalar(batch as f64)
+pub fn loss<B: Backend>(
+    output: Tensor<B, 2>,
+    kind: Output,
+    targets: Tensor<B, 1, Int>,
+    label_smoothing: f64,
+) -> Tensor<B, 1> {
+    let [batch, classes] = output.dims();
+    let log_probs = log_probs(output, kind);
+    let nll = nll_of(log_probs.clone(), targets).div_scalar(batch as f64);
+    if label_smoothing == 0.0 {
+        return nll;
+    }
+    let smooth = log_probs.sum().neg().div_scalar(batch as f64); // mean over the batch of -sum_c
+    nll.mul_scalar(1.0 - label_smoothing)
+        .add(smooth.mul_scalar(label_smoothing / classes as f64))
+}
+
+fn log_probs<B: Backend>(output: Tensor<B, 2>, kind: Output) -> Tensor<B, 2> {
+    match kind {
+        Output::LogProbs => output,
+        Output::Logits => log_softmax(output, 1),
+    }
+}
+
+/// Summed negative log-likelihood of `targets`, `[1]`.
+fn nll_of<B: Backend>(log_probs: Tensor<B, 2>, targets: Tensor<B, 1, Int>) -> Tensor<B, 1> {
+    log_probs.gather(1, targets.unsqueeze_dim(1)).sum().neg()
 }
 
 /// Summed negative log-likelihood, `[1]`.
 fn nll_sum<B: Backend>(output: Tensor<B, 2>, kind: Output, targets: Tensor<B, 1, Int>) -> Tensor<B, 1> {
-    let log_probs = match kind {
-        Output::LogProbs => output,
-        Output::Logits => log_softmax(output, 1),
-    };
-    log_probs.gather(1, targets.unsqueeze_dim(1)).sum().neg()
+    nll_of(log_probs(output, kind), targets)
 }
 
 /// The train/valid/test splits of a run, on the device (inner backend: no autodiff graph).
@@ -73,15 +96,7 @@ impl<B: Backend> Splits<B> {
     }
 }
 
-/// SplitMix64 of `seed` and `index`: independent streams per epoch (shuffles) and per step
-/// (dropout), so that what a step draws depends only on the run's seed and the step's index,
-/// and a run resumed at any step boundary draws what an uninterrupted one would.
-pub fn mix_seed(seed: u64, index: u64) -> u64 {
-    let mut z = seed ^ (index + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+pub use crate::seed::mix_seed;
 
 /// Seed of epoch `epoch`'s shuffle.
 pub fn epoch_seed(seed: u64, epoch: usize) -> u64 {
@@ -180,8 +195,8 @@ pub enum EpochEnd {
     },
 }
 
-/// Trains `model` for epoch `control.from.epoch` at learning rate `lr`, from its first step
-/// not yet done on.
+/// Trains `model` for epoch `control.from.epoch`, from its first step not yet done on, each step
+/// at the learning rate (and momentum) `schedule` gives it.
 ///
 /// Each step reseeds the backend's generator from `(seed, global step)` before drawing dropout
 /// masks, and the epoch's order comes from `(seed, epoch)`: resuming at any step boundary
@@ -192,7 +207,7 @@ pub fn train_epoch<B: AutodiffBackend>(
     optim: &mut Optimizer<Model<B>, B>,
     train: &DeviceSplit<B::InnerBackend>,
     config: &TrainConfig,
-    lr: f64,
+    schedule: &RunSchedule,
     control: EpochControl<'_>,
 ) -> (Model<B>, EpochEnd) {
     const NONE: f32 = f32::MAX;
@@ -202,6 +217,10 @@ pub fn train_epoch<B: AutodiffBackend>(
     let start = Instant::now();
     let len = train.len();
     let order = indices::<B::InnerBackend>(&epoch_permutation(config.seed, epoch, len), &device);
+    let augment = (!config.augment.is_none()).then(|| {
+        let draws = config.augment.draws(config.seed, epoch, len);
+        DeviceDraws::<B::InnerBackend>::upload(&draws, config.normalization.apply(0), &device)
+    });
     let steps = len.div_ceil(config.batch_size);
     let mut loss_sum = Tensor::<B::InnerBackend, 1>::from_floats([from.partial_loss_sum as f32], &device);
     let mut first_bad = Tensor::<B::InnerBackend, 1>::from_floats([NONE], &device);
@@ -212,10 +231,19 @@ pub fn train_epoch<B: AutodiffBackend>(
     for step in from.step_in_epoch..steps {
         let begin = step * config.batch_size;
         let end = (begin + config.batch_size).min(len);
-        let (images, targets) = train.gather(order.clone().slice(begin..end));
+        let (mut images, targets) = train.gather(order.clone().slice(begin..end));
+        if let Some(augment) = &augment {
+            images = augment.apply(images, begin..end);
+        }
+        let global_step = from.global_step_at(step);
         // Dropout draws from the backend's generator; `Autodiff` forwards seeding to its inner backend.
-        B::InnerBackend::seed(&device, step_seed(config.seed, from.global_step_at(step)));
-        let (trained, batch_loss) = train_step(model, optim, images, targets, lr);
+        B::InnerBackend::seed(&device, step_seed(config.seed, global_step));
+        let hyper = schedule.at(epoch, global_step);
+        if let Some(momentum) = hyper.momentum {
+            optim.optim().set_momentum(momentum);
+        }
+        let (trained, batch_loss) =
+            train_step(model, optim, images, targets, hyper.lr, config.label_smoothing);
         model = trained;
         // x - x is NaN exactly when x is NaN or infinite.
         let non_finite = batch_loss.clone().sub(batch_loss.clone()).is_nan();
@@ -261,38 +289,45 @@ pub fn train_epoch<B: AutodiffBackend>(
     (model, EpochEnd::Done(stats))
 }
 
-/// One whole epoch without progress reporting or stopping: [`train_epoch`] from its first step.
-/// `epoch` counts from 0, as in [`train_epoch`]: epoch 0 is a run's first epoch, with its
-/// shuffle and dropout seeds.
+/// One whole epoch without progress reporting or stopping: [`train_epoch`] from its first step,
+/// with `config`'s schedule. `epoch` counts from 0, as in [`train_epoch`]: epoch 0 is a run's
+/// first epoch, with its shuffle and dropout seeds.
 pub fn train_whole_epoch<B: AutodiffBackend>(
     model: Model<B>,
     optim: &mut Optimizer<Model<B>, B>,
     train: &DeviceSplit<B::InnerBackend>,
     config: &TrainConfig,
     epoch: usize,
-    lr: f64,
 ) -> (Model<B>, EpochEnd) {
-    let from = Progress::at_epoch(epoch, train.len().div_ceil(config.batch_size));
+    let steps = train.len().div_ceil(config.batch_size);
+    let from = Progress::at_epoch(epoch, steps);
+    let schedule = config.schedule(steps);
     let control = EpochControl {
         from: &from,
         check_every: 0,
         on_step: &mut |_| {},
         stop: &|| false,
     };
-    train_epoch(model, optim, train, config, lr, control)
+    train_epoch(model, optim, train, config, &schedule, control)
 }
 
 /// One optimizer step on a batch already on the device. Returns the updated model and the
-/// batch's mean loss, still on the device (reading it is a sync).
+/// batch's mean loss (label-smoothed as asked), still on the device (reading it is a sync).
 pub fn train_step<B: AutodiffBackend>(
     model: Model<B>,
     optim: &mut Optimizer<Model<B>, B>,
     images: Tensor<B::InnerBackend, 4>,
     targets: Tensor<B::InnerBackend, 1, Int>,
     lr: f64,
+    label_smoothing: f64,
 ) -> (Model<B>, Tensor<B::InnerBackend, 1>) {
     let output = model.forward(Tensor::from_inner(images));
-    let batch_loss = loss(output, model.output(), Tensor::from_inner(targets));
+    let batch_loss = loss(
+        output,
+        model.output(),
+        Tensor::from_inner(targets),
+        label_smoothing,
+    );
     let grads = GradientsParams::from_grads(batch_loss.backward(), &model);
     (optim.step(lr, model, grads), batch_loss.inner())
 }
@@ -385,10 +420,21 @@ mod tests {
             Tensor::<TB, 2>::from_data(TensorData::new(vec![1f32, 2., 3., 1., -1., 0.], [2, 3]), &device);
         let targets =
             Tensor::<TB, 1, Int>::from_data(TensorData::new(vec![2i64, 0], [2]).convert::<i32>(), &device);
-        let ce = scalar(loss(logits.clone(), Output::Logits, targets.clone()));
+        let ce = scalar(loss(logits.clone(), Output::Logits, targets.clone(), 0.0));
         assert!((ce - 0.407_606_005_668_640_14).abs() < 1e-6, "{ce}");
-        let nll = scalar(loss(log_softmax(logits, 1), Output::LogProbs, targets));
+        let nll = scalar(loss(
+            log_softmax(logits.clone(), 1),
+            Output::LogProbs,
+            targets.clone(),
+            0.0,
+        ));
         assert!((nll - ce).abs() < 1e-7);
+        // F.cross_entropy(same, label_smoothing=0.1).item() = 0.507606029510498
+        let smoothed = scalar(loss(logits.clone(), Output::Logits, targets.clone(), 0.1));
+        assert!((smoothed - 0.507_606_029_510_498).abs() < 1e-6, "{smoothed}");
+        // The same from log-probabilities (PyTorch's example net ends in log_softmax).
+        let from_log_probs = scalar(loss(log_softmax(logits, 1), Output::LogProbs, targets, 0.1));
+        assert!((from_log_probs - smoothed).abs() < 1e-6);
     }
 
     #[test]

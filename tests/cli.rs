@@ -372,3 +372,58 @@ fn import_of_a_pytorch_state_dict_gives_a_checkpoint_eval_accepts() {
         "a failed import leaves no checkpoint"
     );
 }
+
+/// A ResNet-20 trained in PyTorch (benches/pytorch/parity.py: batch norm buffers included)
+/// evaluates in ember as in PyTorch: the same test images right, the same loss.
+#[test]
+fn imported_resnet20_evaluates_as_in_pytorch() {
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let torch: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixtures.join("resnet20-mnist.json")).unwrap())
+            .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("resnet");
+    ember()
+        .args(["import", "--from", "pytorch", "--model", "resnet20"])
+        // pytorch-example's normalisation (MNIST's mean and std), as the fixture was trained.
+        .args(["--recipe", "pytorch-example", "--dataset", "mnist", "--out"])
+        .arg(&out)
+        .arg(fixtures.join("resnet20-mnist.pt"))
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("272186 parameters"));
+    let eval = ember()
+        .args(["eval", "--device", "cpu", "--checkpoint"])
+        .arg(&out)
+        .arg("--data-dir")
+        .arg(repo_mnist())
+        .output()
+        .unwrap();
+    assert!(eval.status.success(), "{}", String::from_utf8_lossy(&eval.stderr));
+    let stdout = String::from_utf8_lossy(&eval.stdout);
+    let line = stdout.lines().find(|l| l.starts_with("test loss")).unwrap();
+    let loss: f64 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
+    let correct: i64 = line
+        .split('(')
+        .nth(1)
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let (torch_correct, torch_loss) = (
+        torch["test_correct"].as_i64().unwrap(),
+        torch["test_loss"].as_f64().unwrap(),
+    );
+    // Float rounding may move an image that sits on a decision boundary; a wrong buffer or
+    // normalisation would move hundreds.
+    assert!(
+        (correct - torch_correct).abs() <= 2,
+        "{line}: PyTorch had {torch_correct}/10000 right"
+    );
+    assert!(
+        (loss - torch_loss).abs() <= 1e-3,
+        "{line}: PyTorch's loss {torch_loss}"
+    );
+}

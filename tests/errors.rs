@@ -88,6 +88,68 @@ fn every_mistake_is_one_line_naming_what_is_at_fault() {
             vec!["--epochs".into()],
         ),
         (
+            "negative --momentum",
+            run(&["train", "--recipe", "speedrun", "--momentum=-0.9"]),
+            vec!["--momentum".into()],
+        ),
+        (
+            "--momentum with Adam",
+            run(&["train", "--recipe", "tch", "--momentum", "0.9"]),
+            vec!["--momentum".into(), "--optimizer sgd".into(), "adam".into()],
+        ),
+        (
+            "--nesterov without momentum",
+            run(&["train", "--recipe", "flashlight", "--nesterov"]),
+            vec!["--nesterov".into(), "--momentum".into()],
+        ),
+        (
+            "--label-smoothing above 1",
+            run(&["train", "--label-smoothing", "1.5"]),
+            vec!["--label-smoothing".into(), "1.5".into()],
+        ),
+        (
+            "one-cycle flag on a StepLR run",
+            run(&["train", "--pct-start", "0.4"]),
+            vec!["--pct-start".into(), "--schedule one-cycle".into()],
+        ),
+        (
+            "one-cycle --pct-start outside 0..1",
+            run(&["train", "--recipe", "speedrun", "--pct-start", "1.5"]),
+            vec!["--pct-start".into(), "1.5".into()],
+        ),
+        (
+            "momentum cycling with Adadelta",
+            run(&["train", "--schedule", "one-cycle"]),
+            vec!["--cycle-momentum".into(), "adadelta".into()],
+        ),
+        (
+            "warm-up longer than the run",
+            run(&[
+                "train",
+                "--schedule",
+                "warmup-cosine",
+                "--warmup-steps",
+                "100000",
+                "--epochs",
+                "1",
+                "--data-dir",
+                mnist,
+                "--run-dir",
+                &path(d("w")),
+            ]),
+            vec!["--warmup-steps".into(), "938".into()],
+        ),
+        (
+            "--translate as wide as the image",
+            run(&["train", "--translate", "28"]),
+            vec!["--translate".into(), "28".into()],
+        ),
+        (
+            "--target-accuracy above 100",
+            run(&["train", "--target-accuracy", "150"]),
+            vec!["--target-accuracy".into(), "150".into()],
+        ),
+        (
             "negative --std",
             run(&["train", "--std=-1"]),
             vec!["--std".into()],

@@ -18,6 +18,8 @@ fn parity_all_models_flex() {
         ModelKind::PytorchExampleNet,
         ModelKind::TchNet,
         ModelKind::FlashlightCnn,
+        ModelKind::Resnet20,
+        ModelKind::SpeedrunNet,
     ] {
         assert_parity::<Autodiff<ember::backend::Cpu>>(kind, CPU, &Default::default());
     }
@@ -40,12 +42,15 @@ fn parity_all_models_cuda() {
         outputs: 1e-3,
         grads: 1e-3,
         params: 1e-3,
+        f32_slack: 4.0,
     };
     let device = burn::backend::cuda::CudaDevice::new(0);
     for kind in [
         ModelKind::PytorchExampleNet,
         ModelKind::TchNet,
         ModelKind::FlashlightCnn,
+        ModelKind::Resnet20,
+        ModelKind::SpeedrunNet,
     ] {
         assert_parity::<Autodiff<ember::backend::Gpu>>(kind, gpu, &device);
     }

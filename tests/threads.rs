@@ -37,7 +37,7 @@ fn after_three_steps(data: &Mnist, recipe: Recipe, threads: usize) -> Vec<Vec<u3
         let splits = Splits::<Cpu>::upload(data, &config, &device).unwrap();
         let model = init_model::<Autodiff<Cpu>>(&config, &device);
         let mut optim = config.optimizer.init();
-        let (model, end) = train_whole_epoch(model, &mut optim, &splits.train, &config, 0, config.lr);
+        let (model, end) = train_whole_epoch(model, &mut optim, &splits.train, &config, 0);
         assert!(matches!(end, EpochEnd::Done(ref s) if s.steps == 3), "{end:?}");
         let mut bits = Bits(Vec::new());
         model.visit(&mut bits);

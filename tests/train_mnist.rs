@@ -24,7 +24,7 @@ fn one_epoch_reaches_98_percent_and_reloads_identically() {
 
     let model = init_model::<Autodiff<Cpu>>(&config, &device);
     let mut optim = config.optimizer.init();
-    let (model, end) = train_whole_epoch(model, &mut optim, &splits.train, &config, 0, config.lr);
+    let (model, end) = train_whole_epoch(model, &mut optim, &splits.train, &config, 0);
     let EpochEnd::Done(stats) = end else {
         panic!("epoch ended with {end:?}")
     };

@@ -78,20 +78,118 @@ class FlashlightCnn(nn.Module):
         return self.fc2(x)
 
 
+class Projection(nn.Module):
+    """A 1x1 convolution (stride 2) and batch norm on a block's shortcut (models/src/resnet.rs)."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 1, stride=stride, bias=False)
+        self.bn = nn.BatchNorm2d(cout)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.shortcut = Projection(cin, cout, stride) if stride != 1 or cin != cout else None
+
+    def forward(self, x):
+        out = F.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return F.relu(out + (x if self.shortcut is None else self.shortcut(x)))
+
+
+class ResNet(nn.Module):
+    """CIFAR-style ResNet with projection shortcuts (models/src/resnet.rs), PyTorch's default init."""
+
+    def __init__(self, widths, depths, in_channels=1, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, widths[0], 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(widths[0])
+        stages, cin = [], widths[0]
+        for s, (width, depth) in enumerate(zip(widths, depths)):
+            blocks = []
+            for b in range(depth):
+                blocks.append(BasicBlock(cin, width, 2 if s > 0 and b == 0 else 1))
+                cin = width
+            stages.append(nn.ModuleList(blocks))
+        self.stages = nn.ModuleList(stages)
+        self.fc = nn.Linear(cin, num_classes)
+
+    def forward(self, x):
+        x = F.relu(self.bn1(self.conv1(x)))
+        for stage in self.stages:
+            for block in stage:
+                x = block(x)
+        return self.fc(x.flatten(2).mean(2))
+
+
+class ConvBlock(nn.Module):
+    def __init__(self, cin, cout):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(cout)
+
+    def forward(self, x):
+        return F.max_pool2d(F.relu(self.bn(self.conv(x))), 2)
+
+
+class SpeedrunNet(nn.Module):
+    """The speedrun recipe's CNN (models/src/speedrun.rs): three conv-BN-ReLU-pool blocks, one linear."""
+
+    def __init__(self, widths=(32, 64, 128), in_channels=1, num_classes=10):
+        super().__init__()
+        a, b, c = widths
+        self.block1 = ConvBlock(in_channels, a)
+        self.block2 = ConvBlock(a, b)
+        self.block3 = ConvBlock(b, c)
+        self.fc = nn.Linear(c * 3 * 3, num_classes)
+
+    def forward(self, x):
+        x = self.block3(self.block2(self.block1(x)))
+        return self.fc(torch.flatten(x, 1))
+
+
+def resnet20(**kw):
+    return ResNet([16, 32, 64], [3, 3, 3], **kw)
+
+
+def resnet18(**kw):
+    return ResNet([64, 128, 256, 512], [2, 2, 2, 2], **kw)
+
+
 # name -> (constructor, output is log-probabilities, recipe optimizer, recipe lr, normalisation)
 MODELS = {
     "pytorch-example-net": (PytorchExampleNet, True, "adadelta", 1.0, (0.1307, 0.3081)),
     "tch-net": (TchNet, False, "adam", 1e-4, (0.0, 1.0)),
     "flashlight-cnn": (FlashlightCnn, False, "sgd", 1e-2, (0.0, 1.0)),
+    "resnet20": (resnet20, False, "sgd-nesterov", 0.1, (0.2860, 0.3530)),
+    "speedrun-net": (SpeedrunNet, False, "sgd-nesterov", 0.2, (0.1307, 0.3081)),
 }
+
+# Dropout layers of each model: a model is built without dropout by passing this many zeros.
+DROPOUTS = {"pytorch-example-net": 2, "tch-net": 2, "flashlight-cnn": 1, "resnet20": 0, "speedrun-net": 0}
 
 
 def optimizer(name, params, lr):
-    """The recipe optimizers with torch.optim's defaults (ember's OptimizerConfig::new)."""
+    """The recipe optimizers with torch.optim's defaults (ember's OptimizerConfig::new), and the
+    modern recipes' SGD: Nesterov momentum 0.9, weight decay 5e-4 on parameters of 2 or more
+    dimensions only (ember's --no-decay-1d)."""
+    params = list(params)
     return {
         "adadelta": lambda: torch.optim.Adadelta(params, lr=lr),
         "adam": lambda: torch.optim.Adam(params, lr=lr),
         "sgd": lambda: torch.optim.SGD(params, lr=lr),
+        "sgd-nesterov": lambda: torch.optim.SGD(
+            [{"params": [p for p in params if p.ndim > 1]},
+             {"params": [p for p in params if p.ndim <= 1], "weight_decay": 0.0}],
+            lr=lr, momentum=0.9, nesterov=True, weight_decay=5e-4),
     }[name]()
 
 

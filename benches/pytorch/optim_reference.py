@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """Writes src/optim/tests/torch_reference.rs: parameters after each of three torch.optim steps, and
-StepLR's learning rates, for ember's optimizer unit tests.
+the learning rates (and momenta) of StepLR, OneCycleLR and a warm-up + cosine LambdaLR, for
+ember's optimizer unit tests.
 
     python3 -m venv ~/torch-venv && ~/torch-venv/bin/pip install torch numpy
     ~/torch-venv/bin/python benches/pytorch/optim_reference.py
 
 The output is committed; cargo test never runs Python.
 """
+import math
 import pathlib
 
 import torch
@@ -29,6 +31,18 @@ CASES = [
     ("ADAM_WD", lambda p: torch.optim.Adam(p, lr=0.05, weight_decay=0.1)),
     ("ADADELTA", lambda p: torch.optim.Adadelta(p, lr=1.0)),
     ("ADADELTA_WD", lambda p: torch.optim.Adadelta(p, lr=0.5, weight_decay=0.05)),
+    ("SGD_MOMENTUM", lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
+    ("SGD_DAMPENING", lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.8, dampening=0.3, weight_decay=0.01)),
+    ("SGD_NESTEROV", lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)),
+]
+
+# OneCycleLR settings: (name, optimizer, kwargs). ember's --lr is max_lr.
+ONE_CYCLES = [
+    ("ONE_CYCLE", "sgd", dict(max_lr=0.4, total_steps=20)),
+    ("ONE_CYCLE_LINEAR_3", "sgd", dict(max_lr=0.1, total_steps=23, pct_start=0.25, anneal_strategy="linear",
+                                        three_phase=True, div_factor=10.0, final_div_factor=100.0,
+                                        base_momentum=0.8, max_momentum=0.9)),
+    ("ONE_CYCLE_ADAM", "adam", dict(max_lr=0.01, total_steps=12, pct_start=0.5)),
 ]
 
 
@@ -70,6 +84,52 @@ def main():
             sched.step()
         out.append(f"/// StepLR(step_size={step_size}, gamma={gamma}) from lr {base}, one value per epoch.")
         out.append(f"pub const {name}: [f64; {epochs}] = [" + ", ".join(repr(v) for v in lrs) + "];")
+
+    # OneCycleLR stepped after every optimizer step: the rate and the momentum (SGD's momentum,
+    # Adam's beta1) each step uses.
+    for name, kind, kwargs in ONE_CYCLES:
+        p = torch.nn.Parameter(torch.zeros(1))
+        opt = torch.optim.SGD([p], lr=1.0) if kind == "sgd" else torch.optim.Adam([p], lr=1.0)
+        sched = torch.optim.lr_scheduler.OneCycleLR(opt, **kwargs)
+        lrs, momenta = [], []
+        for _ in range(kwargs["total_steps"]):
+            group = opt.param_groups[0]
+            lrs.append(group["lr"])
+            momenta.append(group["momentum"] if kind == "sgd" else group["betas"][0])
+            opt.step()
+            sched.step()
+        n = kwargs["total_steps"]
+        out.append(f"/// OneCycleLR({kind}, {kwargs}): the rate and momentum of each step.")
+        out.append(f"pub const {name}: [[f64; 2]; {n}] = [" + ", ".join(f"[{a!r}, {b!r}]" for a, b in zip(lrs, momenta)) + "];")
+
+    # Linear warm-up then cosine to 0, as LambdaLR (ember's --schedule warmup-cosine).
+    total, warmup, base = 20, 5, 0.2
+    lam = lambda s: (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * (s - warmup) / (total - warmup)))
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=base)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lam)
+    lrs = []
+    for _ in range(total):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    out.append(f"/// LambdaLR warm-up {warmup} steps then cosine, {total} steps from lr {base}.")
+    out.append(f"pub const WARMUP_COSINE: [f64; {total}] = [" + ", ".join(repr(v) for v in lrs) + "];")
+
+    # SGD with Nesterov momentum and weight decay under a cycled momentum: three steps.
+    p = torch.nn.Parameter(torch.tensor(PARAM))
+    opt = torch.optim.SGD([p], lr=1.0, momentum=0.9, nesterov=True, weight_decay=1e-3)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.3, total_steps=4, pct_start=0.5)
+    steps = []
+    for g in GRADS:
+        p.grad = torch.tensor(g)
+        opt.step()
+        sched.step()
+        steps.append(p.detach().tolist())
+    out.append("/// SGD(momentum=0.9, nesterov, weight_decay=1e-3) under OneCycleLR(max_lr=0.3, total_steps=4, pct_start=0.5).")
+    out.append(f"pub const SGD_NESTEROV_ONE_CYCLE: [[f32; {len(PARAM)}]; 3] = [")
+    out += [f"    {f32(s)}," for s in steps]
+    out.append("];")
 
     path = pathlib.Path(__file__).resolve().parents[2] / "src/optim/tests/torch_reference.rs"
     path.write_text("\n".join(out) + "\n")

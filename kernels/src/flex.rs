@@ -369,20 +369,20 @@ pub(crate) fn optim_update<B: Backend, const D: usize>(
     weight_decay: f64,
     param: Tensor<B, D>,
     grad: Tensor<B, D>,
-    state: Option<(Tensor<B, D>, Tensor<B, D>)>,
-) -> (Tensor<B, D>, Option<(Tensor<B, D>, Tensor<B, D>)>) {
+    state: crate::optim::Buffers<B, D>,
+) -> (Tensor<B, D>, crate::optim::Buffers<B, D>) {
     let shape = param.shape();
     let mut param = owned(flex_prim(param));
     let mut grad = owned(flex_prim(grad));
-    let zeros = || FlexTensor::zeros(shape.clone(), burn::tensor::DType::F32);
-    let (mut first, mut second) = match state {
-        Some((f, s)) if rule.has_state() => (owned(flex_prim(f)), owned(flex_prim(s))),
-        _ if rule.has_state() => (zeros(), zeros()),
-        _ => (
-            FlexTensor::zeros([0].into(), burn::tensor::DType::F32),
-            FlexTensor::zeros([0].into(), burn::tensor::DType::F32),
-        ),
+    let used = rule.buffers();
+    // A buffer the rule uses: the last step's, or zeros as `torch.optim` starts; an unused one
+    // is empty.
+    let buffer = |kept: Option<Tensor<B, D>>, index: usize| match kept {
+        Some(t) if index < used => owned(flex_prim(t)),
+        _ if index < used => FlexTensor::zeros(shape.clone(), burn::tensor::DType::F32),
+        _ => FlexTensor::zeros([0].into(), burn::tensor::DType::F32),
     };
+    let (mut first, mut second) = (buffer(state.0, 0), buffer(state.1, 1));
     crate::cpu::optim::update(
         rule,
         weight_decay,
@@ -392,13 +392,8 @@ pub(crate) fn optim_update<B: Backend, const D: usize>(
         second.storage_mut(),
     );
     let param = back::<B, D>(tensor::<Flex, D>(param));
-    let state = rule.has_state().then(|| {
-        (
-            back::<B, D>(tensor::<Flex, D>(first)),
-            back::<B, D>(tensor::<Flex, D>(second)),
-        )
-    });
-    (param, state)
+    let keep = |t: FlexTensor, index: usize| (index < used).then(|| back::<B, D>(tensor::<Flex, D>(t)));
+    (param, (keep(first, 0), keep(second, 1)))
 }
 
 /// A key for one dropout mask, drawn from flex's generator (4 x 16 bits), so that

@@ -11,9 +11,13 @@ pub fn supports<B: Backend, const D: usize>(param: &Tensor<B, D>) -> bool {
     crate::is_flex::<B>() && param.dtype() == DType::F32
 }
 
+/// A rule's state buffers (see [`Rule::buffers`]); `None` where the rule keeps none, or before
+/// its first step.
+pub type Buffers<B, const D: usize> = (Option<Tensor<B, D>>, Option<Tensor<B, D>>);
+
 /// One step of `rule` on `param`, in place where the buffers are not shared. `state` is the
-/// rule's two buffers from the last step (`None` on the first: zeros, as `torch.optim` starts);
-/// returns the new parameter and state (`None` for SGD).
+/// rule's buffers from the last step (`None` on the first: zeros, as `torch.optim` starts);
+/// returns the new parameter and the buffers the rule keeps.
 ///
 /// # Panics
 /// When [`supports`] is false for `param`.
@@ -22,8 +26,8 @@ pub fn update<B: Backend, const D: usize>(
     weight_decay: f64,
     param: Tensor<B, D>,
     grad: Tensor<B, D>,
-    state: Option<(Tensor<B, D>, Tensor<B, D>)>,
-) -> (Tensor<B, D>, Option<(Tensor<B, D>, Tensor<B, D>)>) {
+    state: Buffers<B, D>,
+) -> (Tensor<B, D>, Buffers<B, D>) {
     assert!(
         supports(&param),
         "optim::update: this backend or dtype has no fused update"

@@ -8,6 +8,7 @@ use clap::Args;
 use super::bench::MeasureArgs;
 use super::DataArgs;
 use crate::backend::DeviceArg;
+use crate::config::Recipe;
 use crate::data::{Dataset, Mnist};
 
 /// `ember compare`.
@@ -33,6 +34,16 @@ pub struct CompareArgs {
     /// Results folder [default: benches/results/<date>-<host>-<device>].
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Instead of step times: train the speedrun recipe to its 99.0% target on both sides
+    /// (ember, then benches/pytorch/recipe.py) and compare the times from process start.
+    #[arg(long)]
+    pub time_to_accuracy: bool,
+    /// With --time-to-accuracy: how many times each side races.
+    #[arg(long, default_value_t = 3, value_name = "N")]
+    pub rounds: usize,
+    /// With --time-to-accuracy: the PyTorch twin of ember's recipes.
+    #[arg(long, default_value = "benches/pytorch/recipe.py", value_name = "PATH")]
+    pub recipe_script: PathBuf,
     #[command(flatten)]
     pub measure: MeasureArgs,
     #[command(flatten)]
@@ -40,6 +51,9 @@ pub struct CompareArgs {
 }
 
 pub fn run(args: CompareArgs) -> Result<()> {
+    if args.time_to_accuracy {
+        return race(args);
+    }
     let options = crate::compare::CompareOptions {
         device: args.device,
         scenarios: args.scenarios,
@@ -56,5 +70,41 @@ pub fn run(args: CompareArgs) -> Result<()> {
     // Fail on missing data here, before any child process starts.
     Mnist::load(&args.data.source(Dataset::Mnist))?;
     crate::compare::run(&options)?;
+    Ok(())
+}
+
+fn race(args: CompareArgs) -> Result<()> {
+    if args.rounds == 0 {
+        anyhow::bail!("--rounds must be at least 1, got 0");
+    }
+    let recipe = Recipe::Speedrun;
+    let dataset = recipe.config().dataset;
+    let data_dir = args
+        .data
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| dataset.default_dir());
+    Mnist::load(&args.data.source(dataset))?;
+    let resolved = crate::backend::resolve(args.device)?;
+    let device_arg = match &resolved {
+        crate::backend::Resolved::Cpu => "cpu".to_string(),
+        crate::backend::Resolved::Cuda { index, .. } => format!("cuda:{index}"),
+    };
+    let out = args.out.clone().unwrap_or_else(|| {
+        let date = crate::files::utc_stamp(std::time::SystemTime::now());
+        PathBuf::from("benches/results").join(format!("{}-time-to-accuracy-{device_arg}", &date[..8]))
+    });
+    let options = crate::race::RaceOptions {
+        recipe,
+        device_arg,
+        threads: crate::backend::cpu_threads(),
+        python: args.python,
+        script: args.recipe_script,
+        data_dir,
+        rounds: args.rounds,
+    };
+    let table = crate::race::run(&options, &out)?;
+    println!("\n{table}");
+    println!("results: {}", out.display());
     Ok(())
 }

@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use burn::module::Module;
 use clap::Args;
 
 use crate::backend;
@@ -33,7 +32,7 @@ pub struct ImportArgs {
     /// Recipe whose settings (data normalisation, batch sizes) the checkpoint records [default: the model's].
     #[arg(long, value_enum)]
     pub recipe: Option<Recipe>,
-    /// Dataset the checkpoint is evaluated on [default: mnist].
+    /// Dataset the checkpoint is evaluated on [default: the recipe's].
     #[arg(long, value_enum)]
     pub dataset: Option<Dataset>,
     /// Checkpoint directory to create (must not exist or be empty).
@@ -57,7 +56,7 @@ pub fn run(args: ImportArgs) -> Result<()> {
         "imported {} ({}, {} parameters) into {}",
         args.file.display(),
         args.model.name(),
-        model.num_params(),
+        ember_models::Classifier::trainable_params(&model),
         run.path.display()
     );
     Ok(())

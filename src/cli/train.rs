@@ -9,10 +9,10 @@ use clap::{Args, ValueEnum};
 use super::DataArgs;
 use crate::backend::{self, BackendTask, DeviceArg, DeviceInfo};
 use crate::checkpoint::RunDir;
-use crate::config::{Recipe, TrainConfig};
+use crate::config::{ConfigError, Recipe, TrainConfig};
 use crate::data::Mnist;
 use crate::model::ModelKind;
-use crate::optim::OptimizerKind;
+use crate::optim::{Anneal, OneCycle, OptimizerKind, Schedule};
 use crate::train::Splits;
 
 /// A flag's help with every recipe's value of the setting it overrides: `TEXT [pytorch-example:
@@ -64,6 +64,67 @@ pub struct TrainArgs {
     pub step_size: Option<usize>,
     #[arg(long, help = per_recipe("L2 weight decay, as torch.optim's weight_decay", |c| c.optimizer.weight_decay.to_string()))]
     pub weight_decay: Option<f64>,
+    /// Leave 1-D parameters (biases, BatchNorm's weight and bias) out of --weight-decay
+    /// (--no-decay-1d=false: decay them too) [default: as the recipe].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub no_decay_1d: Option<bool>,
+    #[arg(long, help = per_recipe("SGD momentum (0: none); one-cycle's --cycle-momentum sets it per step", |c| c.optimizer.momentum.to_string()))]
+    pub momentum: Option<f64>,
+    /// SGD dampening of the momentum [default: 0].
+    #[arg(long)]
+    pub dampening: Option<f64>,
+    /// SGD with Nesterov momentum (--nesterov=false: plain momentum) [default: as the recipe].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub nesterov: Option<bool>,
+    #[arg(long, help = per_recipe("Label smoothing of the training loss, as F.cross_entropy's", |c| c.label_smoothing.to_string()))]
+    pub label_smoothing: Option<f64>,
+    #[arg(long, value_name = "PIXELS", help = per_recipe(
+        "Shift each training image by up to this many pixels, as RandomCrop(28, padding=PIXELS)",
+        |c| c.augment.translate.to_string(),
+    ))]
+    pub translate: Option<usize>,
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set, help = per_recipe(
+        "Mirror half the training images left to right (--flip=false: don't)",
+        |c| c.augment.flip.to_string(),
+    ))]
+    pub flip: Option<bool>,
+    /// Stop after the first epoch whose test accuracy reaches PERCENT, and print the time since
+    /// the process started [speedrun: 99, others: none].
+    #[arg(long, value_name = "PERCENT")]
+    pub target_accuracy: Option<f64>,
+    #[arg(long, value_enum, help = per_recipe(
+        "Learning-rate schedule: step (StepLR per epoch, --gamma, --step-size), one-cycle (OneCycleLR per step, --lr is max_lr), warmup-cosine (linear warm-up over --warmup-steps, then cosine to 0)",
+        |c| value_name(ScheduleKind::of(&c.schedule)),
+    ))]
+    pub schedule: Option<ScheduleKind>,
+    /// warmup-cosine: optimizer steps of linear warm-up [default: 0].
+    #[arg(long, value_name = "N")]
+    pub warmup_steps: Option<usize>,
+    /// one-cycle: fraction of the steps spent raising the rate [default: 0.3].
+    #[arg(long)]
+    pub pct_start: Option<f64>,
+    /// one-cycle: how the rate moves between its values [default: cos].
+    #[arg(long, value_enum)]
+    pub anneal: Option<Anneal>,
+    /// one-cycle: the first rate is --lr / div-factor [default: 25].
+    #[arg(long)]
+    pub div_factor: Option<f64>,
+    /// one-cycle: the last rate is the first / final-div-factor [default: 10000].
+    #[arg(long)]
+    pub final_div_factor: Option<f64>,
+    /// one-cycle: a third phase back down to the first rate before the final one [default: false].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub three_phase: Option<bool>,
+    /// one-cycle: move SGD's momentum (Adam's beta1) against the rate, between --max-momentum and
+    /// --base-momentum (--cycle-momentum=false: keep --momentum) [default: true].
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub cycle_momentum: Option<bool>,
+    /// one-cycle: the momentum at the rate's peak [default: 0.85].
+    #[arg(long)]
+    pub base_momentum: Option<f64>,
+    /// one-cycle: the momentum at the rate's lowest [default: 0.95].
+    #[arg(long)]
+    pub max_momentum: Option<f64>,
     #[arg(long, help = per_recipe("Random seed: initial weights, shuffling and dropout", |c| c.seed.to_string()))]
     pub seed: Option<u64>,
     #[arg(long, help = per_recipe(
@@ -100,6 +161,9 @@ pub struct TrainArgs {
     #[arg(long, value_name = "DIR", conflicts_with_all = [
         "recipe", "model", "optimizer", "batch_size", "test_batch_size", "lr", "gamma", "step_size",
         "weight_decay", "seed", "mean", "std", "valid_size", "limit_train", "limit_test", "run_dir", "dataset",
+        "no_decay_1d", "momentum", "dampening", "nesterov", "label_smoothing", "schedule", "warmup_steps",
+        "pct_start", "anneal", "div_factor", "final_div_factor", "three_phase", "cycle_momentum",
+        "base_momentum", "max_momentum", "translate", "flip", "target_accuracy",
     ])]
     pub resume: Option<PathBuf>,
     /// Print only the final result (no progress bars, no per-epoch lines).
@@ -112,9 +176,28 @@ pub struct TrainArgs {
     pub data: DataArgs,
 }
 
+/// `--schedule`'s values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ScheduleKind {
+    Step,
+    OneCycle,
+    WarmupCosine,
+}
+
+impl ScheduleKind {
+    pub fn of(schedule: &Schedule) -> Self {
+        match schedule {
+            Schedule::Step => Self::Step,
+            Schedule::OneCycle(_) => Self::OneCycle,
+            Schedule::WarmupCosine { .. } => Self::WarmupCosine,
+        }
+    }
+}
+
 impl TrainArgs {
-    /// The recipe's settings with this command line's overrides.
-    pub fn config(&self) -> TrainConfig {
+    /// The recipe's settings with this command line's overrides. A flag that belongs to another
+    /// schedule than the run's is an error, not ignored.
+    pub fn config(&self) -> Result<TrainConfig, ConfigError> {
         let mut c = self.recipe.config();
         macro_rules! set {
             ($($field:ident),*) => {$( if let Some(v) = self.$field { c.$field = v; } )*};
@@ -128,16 +211,30 @@ impl TrainArgs {
             gamma,
             step_size,
             seed,
-            valid_size
+            valid_size,
+            label_smoothing
         );
         if let Some(kind) = self.optimizer {
-            c.optimizer = crate::optim::OptimizerConfig::new(kind);
+            if kind != c.optimizer.kind {
+                c.optimizer = crate::optim::OptimizerConfig::new(kind);
+            }
         }
-        if let Some(wd) = self.weight_decay {
-            c.optimizer.weight_decay = wd;
+        let o = &mut c.optimizer;
+        macro_rules! set_optim {
+            ($($field:ident),*) => {$( if let Some(v) = self.$field { o.$field = v; } )*};
         }
+        set_optim!(weight_decay, no_decay_1d, momentum, dampening, nesterov);
         if let Some(d) = self.data.dataset {
             c.dataset = d;
+        }
+        if let Some(t) = self.translate {
+            c.augment.translate = t;
+        }
+        if let Some(f) = self.flip {
+            c.augment.flip = f;
+        }
+        if self.target_accuracy.is_some() {
+            c.target_accuracy = self.target_accuracy;
         }
         if let Some(mean) = self.mean {
             c.normalization.mean = mean;
@@ -147,7 +244,51 @@ impl TrainArgs {
         }
         c.limit_train = self.limit_train;
         c.limit_test = self.limit_test;
-        c
+        self.set_schedule(&mut c.schedule)?;
+        Ok(c)
+    }
+
+    fn set_schedule(&self, schedule: &mut Schedule) -> Result<(), ConfigError> {
+        if let Some(kind) = self.schedule {
+            if kind != ScheduleKind::of(schedule) {
+                *schedule = match kind {
+                    ScheduleKind::Step => Schedule::Step,
+                    ScheduleKind::OneCycle => Schedule::OneCycle(OneCycle::default()),
+                    ScheduleKind::WarmupCosine => Schedule::WarmupCosine { warmup_steps: 0 },
+                };
+            }
+        }
+        let wrong = |flag: &'static str, needs: ScheduleKind| ConfigError::OtherSchedule {
+            flag,
+            needs: value_name(needs),
+        };
+        if let Some(n) = self.warmup_steps {
+            match schedule {
+                Schedule::WarmupCosine { warmup_steps } => *warmup_steps = n,
+                _ => return Err(wrong("--warmup-steps", ScheduleKind::WarmupCosine)),
+            }
+        }
+        macro_rules! one_cycle {
+            ($($field:ident => $flag:literal),*) => {$(
+                if let Some(v) = self.$field {
+                    match schedule {
+                        Schedule::OneCycle(c) => c.$field = v,
+                        _ => return Err(wrong($flag, ScheduleKind::OneCycle)),
+                    }
+                }
+            )*};
+        }
+        one_cycle!(
+            pct_start => "--pct-start",
+            anneal => "--anneal",
+            div_factor => "--div-factor",
+            final_div_factor => "--final-div-factor",
+            three_phase => "--three-phase",
+            cycle_momentum => "--cycle-momentum",
+            base_momentum => "--base-momentum",
+            max_momentum => "--max-momentum"
+        );
+        Ok(())
     }
 }
 
@@ -160,7 +301,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
 
 /// A new run: the recipe with the flags' overrides, in a new run directory.
 fn fresh(args: &TrainArgs) -> Result<()> {
-    let config = args.config();
+    let config = args.config()?;
     config.validate()?;
     // A wrong --device fails before data is read or a run directory is made.
     backend::resolve(args.device)?;
@@ -191,6 +332,14 @@ fn resume(dir: &std::path::Path, args: &TrainArgs) -> Result<()> {
     let _lock = run.lock()?;
     let mut config = run.load_config()?;
     if let Some(epochs) = args.epochs {
+        if epochs != config.epochs && config.schedule != Schedule::Step {
+            return Err(ConfigError::FixedLength {
+                asked: epochs,
+                epochs: config.epochs,
+                schedule: config.schedule.name(),
+            }
+            .into());
+        }
         config.epochs = epochs;
     }
     config.validate()?;
@@ -292,7 +441,7 @@ mod tests {
         let Command::Train(args) = cli.command else {
             panic!()
         };
-        let c = args.config();
+        let c = args.config().unwrap();
         assert_eq!(
             (c.epochs, c.lr, c.optimizer.kind, c.optimizer.weight_decay),
             (1, 0.05, OptimizerKind::Adam, 0.01)
@@ -333,6 +482,11 @@ mod tests {
             "mean" => c.normalization.mean.to_string(),
             "std" => c.normalization.std.to_string(),
             "valid_size" => c.valid_size.to_string(),
+            "momentum" => c.optimizer.momentum.to_string(),
+            "label_smoothing" => c.label_smoothing.to_string(),
+            "schedule" => value_name(ScheduleKind::of(&c.schedule)),
+            "translate" => c.augment.translate.to_string(),
+            "flip" => c.augment.flip.to_string(),
             _ => panic!("no recipe setting behind --{flag}"),
         }
     }
@@ -384,6 +538,11 @@ mod tests {
             "mean",
             "std",
             "valid_size",
+            "momentum",
+            "label_smoothing",
+            "schedule",
+            "translate",
+            "flip",
         ];
         for flag in flags {
             let arg = train.get_arguments().find(|a| a.get_id() == flag).unwrap();
@@ -474,9 +633,25 @@ mod tests {
                 same(batch, &c.batch_size.to_string()),
                 "{name}: README batch {batch}"
             );
+            let (count, target) = match epochs.split_once(", stops at ") {
+                Some((count, rest)) => (count, rest.split('%').next()),
+                None => (epochs, None),
+            };
             assert!(
-                same(epochs, &c.epochs.to_string()),
+                same(count, &c.epochs.to_string()),
                 "{name}: README epochs {epochs}"
+            );
+            assert_eq!(
+                target.map(|t| t.parse::<f64>().unwrap()),
+                c.target_accuracy,
+                "{name}: README epochs {epochs:?}"
+            );
+            let params = cells[3].replace(',', "");
+            let model = c.model.init::<burn::backend::NdArray>(&Default::default());
+            assert_eq!(
+                params,
+                ember_models::Classifier::trainable_params(&model).to_string(),
+                "{name}: README parameters"
             );
             let (mean, std) = match data.split_once("mean ") {
                 Some((_, rest)) => {

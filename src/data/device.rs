@@ -19,6 +19,11 @@ impl Normalization {
         mean: 0.1307,
         std: 0.3081,
     };
+    /// Fashion-MNIST's training-set mean and standard deviation, as commonly quoted.
+    pub const FASHION_MNIST: Self = Self {
+        mean: 0.2860,
+        std: 0.3530,
+    };
     /// Plain `x / 255` (flashlight, tch).
     pub const UNIT: Self = Self { mean: 0.0, std: 1.0 };
 

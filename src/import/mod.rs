@@ -111,6 +111,18 @@ fn checked_tensors<R: Read + Seek>(
     let mut invalid = Vec::new();
     for (name, want) in expected {
         let Some(t) = file.tensors.get(name) else { continue };
+        if is_counter(name) {
+            // PyTorch's batch counter: an int64 scalar, kept by ember as one f32.
+            if t.shape.iter().product::<usize>() != 1 || t.shape.len() > 1 {
+                invalid.push(format!(
+                    "{name} has shape {:?} in the file, a scalar expected",
+                    t.shape
+                ));
+            } else if t.element_name() != "LongStorage (int64)" {
+                invalid.push(format!("{name} holds {}, int64 expected", t.element_name()));
+            }
+            continue;
+        }
         if t.shape != *want {
             invalid.push(format!(
                 "{name} has shape {:?} in the file, {want:?} expected",
@@ -129,10 +141,20 @@ fn checked_tensors<R: Read + Seek>(
     let mut tensors = Vec::with_capacity(expected.len());
     for (name, _) in expected {
         let t = file.tensors[name].clone();
-        let data = file.read(&t).map_err(|reason| ImportError::Read {
+        let read_error = |reason: String| ImportError::Read {
             path: path.to_owned(),
             reason: format!("{name}: {}", printable(&reason)),
-        })?;
+        };
+        if is_counter(name) {
+            let count = file.read_i64(&t).map_err(read_error)?[0];
+            if !(0..=1 << 24).contains(&count) {
+                invalid.push(format!("{name} is {count}, 0 to 2^24 expected"));
+                continue;
+            }
+            tensors.push((name.clone(), TensorData::new(vec![count as f32], [1])));
+            continue;
+        }
+        let data = file.read(&t).map_err(read_error)?;
         let values = data.as_slice::<f32>().expect("read as f32");
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
             invalid.push(format!("{name} holds {} at index {i}", values[i]));
@@ -144,6 +166,11 @@ fn checked_tensors<R: Read + Seek>(
         return Err(mismatch(Vec::new(), Vec::new(), invalid));
     }
     Ok(tensors)
+}
+
+/// Whether `name` is a batch norm's `num_batches_tracked`.
+fn is_counter(name: &str) -> bool {
+    name.ends_with(".num_batches_tracked")
 }
 
 /// `text` from a file, with control characters escaped (`\n` as two characters): an error

@@ -187,6 +187,25 @@ impl<R: Read + Seek> TorchSave<R> {
         let Some(dtype) = t.element.float_dtype() else {
             return Err(format!("holds {}, floating point expected", t.element_name()));
         };
+        let bytes = self.view_bytes(t)?;
+        Ok(TensorData::from_bytes_vec(bytes, t.shape.clone(), dtype).convert::<f32>())
+    }
+
+    /// The values of an `int64` tensor (a batch norm's `num_batches_tracked`), contiguous, with
+    /// the same checks as [`TorchSave::read`].
+    pub fn read_i64(&mut self, t: &TensorRef) -> Result<Vec<i64>, String> {
+        if t.element != Element::Other("LongStorage (int64)", 8) {
+            return Err(format!("holds {}, int64 expected", t.element_name()));
+        }
+        let bytes = self.view_bytes(t)?;
+        Ok(bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .collect())
+    }
+
+    /// The view's bytes, contiguous, in the storage's (little-endian) element layout.
+    fn view_bytes(&mut self, t: &TensorRef) -> Result<Vec<u8>, String> {
         let entry = format!("{}/data/{}", self.prefix, t.storage);
         let size = (t.storage_len * t.element.size()) as u64;
         let storage = read_entry(&mut self.zip, &entry, self.file_len, size)?;
@@ -222,7 +241,7 @@ impl<R: Read + Seek> TorchSave<R> {
             }
             bytes
         };
-        Ok(TensorData::from_bytes_vec(bytes, t.shape.clone(), dtype).convert::<f32>())
+        Ok(bytes)
     }
 }
 

@@ -7,7 +7,7 @@
 
 mod schedule;
 
-pub use schedule::StepLr;
+pub use schedule::{Anneal, Hyper, OneCycle, RunSchedule, Schedule, StepLr};
 
 use burn::module::AutodiffModule;
 use burn::optim::adaptor::OptimizerAdaptor;
@@ -18,12 +18,14 @@ use burn::tensor::Tensor;
 use clap::ValueEnum;
 use ember_kernels::optim::Rule;
 use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 /// The update rules ember implements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum OptimizerKind {
-    /// torch.optim.SGD without momentum, dampening or Nesterov.
+    /// torch.optim.SGD, with momentum, dampening and Nesterov as set (none by default).
     Sgd,
     /// torch.optim.Adam (betas 0.9, 0.999; eps 1e-8).
     Adam,
@@ -43,6 +45,20 @@ pub struct OptimizerConfig {
     pub rho: f64,
     /// Adam's or Adadelta's `eps`; `None` takes PyTorch's default for the rule.
     pub eps: Option<f64>,
+    /// SGD's `momentum` (0: no momentum buffer). A schedule may change it per step
+    /// ([`TorchOptim::set_momentum`]), as `OneCycleLR` with `cycle_momentum` does.
+    #[serde(default)]
+    pub momentum: f64,
+    /// SGD's `dampening`.
+    #[serde(default)]
+    pub dampening: f64,
+    /// SGD's `nesterov`.
+    #[serde(default)]
+    pub nesterov: bool,
+    /// Leave 1-D parameters (biases, BatchNorm's weight and bias) out of the weight decay, as a
+    /// PyTorch recipe does with two parameter groups split on `p.ndim <= 1`.
+    #[serde(default)]
+    pub no_decay_1d: bool,
 }
 
 impl OptimizerConfig {
@@ -53,6 +69,10 @@ impl OptimizerConfig {
             betas: (0.9, 0.999),
             rho: 0.9,
             eps: None,
+            momentum: 0.0,
+            dampening: 0.0,
+            nesterov: false,
+            no_decay_1d: false,
         }
     }
 
@@ -71,6 +91,16 @@ impl OptimizerConfig {
             betas: self.betas,
             rho: self.rho,
             eps: self.eps(),
+            momentum: Arc::new(AtomicU64::new(
+                match self.kind {
+                    OptimizerKind::Adam => self.betas.0,
+                    _ => self.momentum,
+                }
+                .to_bits(),
+            )),
+            dampening: self.dampening,
+            nesterov: self.nesterov,
+            no_decay_1d: self.no_decay_1d,
         }
     }
 
@@ -91,10 +121,28 @@ pub struct TorchOptim {
     betas: (f64, f64),
     rho: f64,
     eps: f64,
+    /// SGD's momentum or Adam's first beta (what `OneCycleLR`'s `cycle_momentum` moves) as
+    /// `f64` bits, shared so that a schedule can set it between steps: burn's
+    /// `OptimizerAdaptor` only lends the rule by `&`.
+    momentum: Arc<AtomicU64>,
+    dampening: f64,
+    nesterov: bool,
+    no_decay_1d: bool,
+}
+
+impl TorchOptim {
+    /// SGD's momentum (Adam's first beta) for the following steps.
+    pub fn set_momentum(&self, momentum: f64) {
+        self.momentum.store(momentum.to_bits(), Ordering::Relaxed);
+    }
+
+    pub fn momentum(&self) -> f64 {
+        f64::from_bits(self.momentum.load(Ordering::Relaxed))
+    }
 }
 
 /// Per-parameter state. For Adam `first`/`second` are `exp_avg`/`exp_avg_sq`; for Adadelta
-/// `square_avg`/`acc_delta`; SGD keeps only the step count.
+/// `square_avg`/`acc_delta`; SGD keeps its `momentum_buffer` in `first` when it has momentum.
 #[derive(Record, Clone)]
 pub struct TorchOptimState<B: Backend, const D: usize> {
     pub step: usize,
@@ -113,14 +161,26 @@ impl<B: Backend> SimpleOptimizer<B> for TorchOptim {
         state: Option<Self::State<D>>,
     ) -> (Tensor<B, D>, Option<Self::State<D>>) {
         let step = state.as_ref().map_or(0, |s| s.step) + 1;
+        let weight_decay = if D == 1 && self.no_decay_1d {
+            0.0
+        } else {
+            self.weight_decay
+        };
+        let momentum = self.momentum();
         if ember_kernels::optim::supports(&param) {
             // One in-place pass per parameter with the same f32 operations in the same order as
             // the tensor ops below: bit-identical results, one read and write of each buffer.
             let rule = match self.kind {
-                OptimizerKind::Sgd => Rule::Sgd { lr },
+                OptimizerKind::Sgd => Rule::Sgd {
+                    lr,
+                    momentum,
+                    dampening: self.dampening,
+                    nesterov: self.nesterov,
+                    step,
+                },
                 OptimizerKind::Adam => Rule::Adam {
                     lr,
-                    betas: self.betas,
+                    betas: (momentum, self.betas.1),
                     eps: self.eps,
                     step,
                 },
@@ -130,14 +190,42 @@ impl<B: Backend> SimpleOptimizer<B> for TorchOptim {
                     eps: self.eps,
                 },
             };
-            let buffers = state.and_then(|s| s.first.zip(s.second));
-            let (param, buffers) =
-                ember_kernels::optim::update(rule, self.weight_decay, param, grad, buffers);
-            let (first, second) = buffers.unzip();
+            let buffers = state.map_or((None, None), |s| (s.first, s.second));
+            let (param, (first, second)) =
+                ember_kernels::optim::update(rule, weight_decay, param, grad, buffers);
             return (param, Some(TorchOptimState { step, first, second }));
         }
-        if self.weight_decay != 0.0 {
-            grad = grad.add(param.clone().mul_scalar(self.weight_decay));
+        if weight_decay != 0.0 {
+            grad = grad.add(param.clone().mul_scalar(weight_decay));
+        }
+        if self.kind == OptimizerKind::Sgd {
+            let first = if momentum == 0.0 {
+                None
+            } else {
+                let buf = match state.and_then(|s| s.first) {
+                    // buf.mul_(momentum).add_(grad, alpha=1 - dampening)
+                    Some(buf) if step > 1 => buf
+                        .mul_scalar(momentum)
+                        .add(grad.clone().mul_scalar(1.0 - self.dampening)),
+                    // torch.clone(grad).detach()
+                    _ => grad.clone(),
+                };
+                grad = if self.nesterov {
+                    // grad.add(buf, alpha=momentum)
+                    grad.add(buf.clone().mul_scalar(momentum))
+                } else {
+                    buf.clone()
+                };
+                Some(buf)
+            };
+            // param.add_(grad, alpha=-lr)
+            let param = param.add(grad.mul_scalar(-lr));
+            let state = TorchOptimState {
+                step,
+                first,
+                second: None,
+            };
+            return (param, Some(state));
         }
         // torch.optim creates its buffers as zeros on the first step.
         let zeros = || param.zeros_like();
@@ -150,18 +238,9 @@ impl<B: Backend> SimpleOptimizer<B> for TorchOptim {
             _ => (zeros(), zeros()),
         };
         match self.kind {
-            OptimizerKind::Sgd => {
-                // param.add_(grad, alpha=-lr)
-                let param = param.add(grad.mul_scalar(-lr));
-                let state = TorchOptimState {
-                    step,
-                    first: None,
-                    second: None,
-                };
-                (param, Some(state))
-            }
+            OptimizerKind::Sgd => unreachable!("SGD returned above"),
             OptimizerKind::Adam => {
-                let (beta1, beta2) = self.betas;
+                let (beta1, beta2) = (momentum, self.betas.1);
                 // exp_avg.lerp_(grad, 1 - beta1): weight < 0.5 takes the `self + w * (end - self)` branch.
                 let exp_avg = first.clone().add(grad.clone().sub(first).mul_scalar(1.0 - beta1));
                 // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)

@@ -14,8 +14,15 @@ const CHUNK: usize = 1 << 15;
 /// The update rule and its hyper-parameters for one step.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Rule {
-    /// `torch.optim.SGD` without momentum.
-    Sgd { lr: f64 },
+    /// `torch.optim.SGD`; `step` is 1 on the first update, when the momentum buffer starts as a
+    /// copy of the gradient. Momentum 0 keeps no buffer.
+    Sgd {
+        lr: f64,
+        momentum: f64,
+        dampening: f64,
+        nesterov: bool,
+        step: usize,
+    },
     /// `torch.optim.Adam`; `step` is 1 on the first update.
     Adam {
         lr: f64,
@@ -28,15 +35,19 @@ pub enum Rule {
 }
 
 impl Rule {
-    /// Whether the rule keeps the two state buffers (`first`, `second`).
-    pub fn has_state(&self) -> bool {
-        !matches!(self, Rule::Sgd { .. })
+    /// How many state buffers the rule keeps: `first` only (SGD with momentum), or `first` and
+    /// `second`.
+    pub fn buffers(&self) -> usize {
+        match self {
+            Rule::Sgd { momentum, .. } => usize::from(*momentum != 0.0),
+            Rule::Adam { .. } | Rule::Adadelta { .. } => 2,
+        }
     }
 }
 
 /// Updates `param` in place from `grad` (itself updated in place by the weight decay), and the
 /// rule's state `first`/`second` (Adam: `exp_avg`/`exp_avg_sq`; Adadelta:
-/// `square_avg`/`acc_delta`; ignored by SGD, which may pass empty slices).
+/// `square_avg`/`acc_delta`; SGD: `momentum_buffer`/unused). Unused buffers may be empty slices.
 pub fn update(
     rule: Rule,
     weight_decay: f64,
@@ -47,8 +58,10 @@ pub fn update(
 ) {
     let n = param.len();
     assert_eq!(grad.len(), n, "optimizer: gradient length");
-    if rule.has_state() {
+    if rule.buffers() >= 1 {
         assert_eq!(first.len(), n, "optimizer: first state length");
+    }
+    if rule.buffers() >= 2 {
         assert_eq!(second.len(), n, "optimizer: second state length");
     }
     let wd = weight_decay as f32;
@@ -61,7 +74,37 @@ pub fn update(
         }
     };
     match rule {
-        Rule::Sgd { lr } => {
+        Rule::Sgd {
+            lr,
+            momentum,
+            dampening,
+            nesterov,
+            step,
+        } if momentum != 0.0 => {
+            let neg_lr = (-lr) as f32;
+            let momentum = momentum as f32;
+            let one_minus_dampening = (1.0 - dampening) as f32;
+            param
+                .par_chunks_mut(CHUNK)
+                .zip(grad.par_chunks_mut(CHUNK))
+                .zip(first.par_chunks_mut(CHUNK))
+                .for_each(|((p, g), buf)| {
+                    decay(p, g);
+                    for ((p, &g), b) in p.iter_mut().zip(g.iter()).zip(buf) {
+                        // buf = clone(grad) on the first step, then
+                        // buf = buf * momentum + grad * (1 - dampening)
+                        *b = if step == 1 {
+                            g
+                        } else {
+                            *b * momentum + g * one_minus_dampening
+                        };
+                        // nesterov: grad = grad + buf * momentum; else grad = buf
+                        let g = if nesterov { g + *b * momentum } else { *b };
+                        *p += g * neg_lr;
+                    }
+                });
+        }
+        Rule::Sgd { lr, .. } => {
             let neg_lr = (-lr) as f32;
             param
                 .par_chunks_mut(CHUNK)

@@ -74,6 +74,98 @@ fn sgd_matches_torch() {
     );
 }
 
+fn sgd(lr_momentum: f64, dampening: f64, nesterov: bool, weight_decay: f64) -> OptimizerConfig {
+    OptimizerConfig {
+        momentum: lr_momentum,
+        dampening,
+        nesterov,
+        weight_decay,
+        ..OptimizerConfig::new(OptimizerKind::Sgd)
+    }
+}
+
+#[test]
+fn sgd_with_momentum_matches_torch() {
+    assert_matches_torch(
+        sgd(0.9, 0.0, false, 0.0),
+        0.1,
+        &reference::SGD_MOMENTUM,
+        "SGD momentum",
+    );
+    assert_matches_torch(
+        sgd(0.8, 0.3, false, 0.01),
+        0.05,
+        &reference::SGD_DAMPENING,
+        "SGD dampening",
+    );
+    assert_matches_torch(
+        sgd(0.9, 0.0, true, 5e-4),
+        0.1,
+        &reference::SGD_NESTEROV,
+        "SGD Nesterov",
+    );
+}
+
+/// The schedule sets the rate and the momentum before each step, as OneCycleLR does between
+/// `optimizer.step()` calls; the momentum buffer follows the momentum of each step.
+#[test]
+fn sgd_under_one_cycle_matches_torch() {
+    let optim = sgd(0.9, 0.0, true, 1e-3).build();
+    let schedule = RunSchedule::new(
+        Schedule::OneCycle(OneCycle {
+            pct_start: 0.5,
+            ..OneCycle::default()
+        }),
+        StepLr {
+            base_lr: 0.3,
+            gamma: 1.0,
+            step_size: 1,
+        },
+        1,
+        4,
+    );
+    let mut param = tensor(&reference::PARAM);
+    let mut state = None;
+    for (step, (grad, want)) in reference::GRADS
+        .iter()
+        .zip(&reference::SGD_NESTEROV_ONE_CYCLE)
+        .enumerate()
+    {
+        let hyper = schedule.at(0, step);
+        optim.set_momentum(hyper.momentum.expect("cycle_momentum is on"));
+        let (p, s) = SimpleOptimizer::<TB>::step(&optim, hyper.lr, param, tensor(grad), state);
+        param = p;
+        state = s;
+        let got: Vec<f32> = param.clone().into_data().to_vec().unwrap();
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let tol = 8.0 * f32::EPSILON * w.abs().max(1.0);
+            assert!(
+                (g - w).abs() <= tol,
+                "step {}: param[{i}] = {g:e}, torch has {w:e}",
+                step + 1
+            );
+        }
+    }
+}
+
+/// Biases and BatchNorm's parameters (1-D) are left out of the decay when asked; others not.
+#[test]
+fn decay_can_skip_one_dimensional_parameters() {
+    let config = OptimizerConfig {
+        no_decay_1d: true,
+        ..sgd(0.0, 0.0, false, 0.5)
+    };
+    let optim = config.build();
+    let device = Default::default();
+    let one = Tensor::<TB, 1>::from_floats([2.0], &device);
+    let (p, _) = SimpleOptimizer::<TB>::step(&optim, 0.1, one.clone(), one.zeros_like(), None);
+    assert_eq!(p.into_data().to_vec::<f32>().unwrap(), [2.0]);
+    let two = Tensor::<TB, 2>::from_floats([[2.0]], &device);
+    let (p, _) = SimpleOptimizer::<TB>::step(&optim, 0.1, two.clone(), two.zeros_like(), None);
+    // 2 - 0.1 * (0.5 * 2)
+    assert_eq!(p.into_data().to_vec::<f32>().unwrap(), [1.9]);
+}
+
 #[test]
 fn adam_matches_torch() {
     assert_matches_torch(
@@ -113,6 +205,73 @@ fn defaults_are_pytorchs() {
     let adam = OptimizerConfig::new(OptimizerKind::Adam);
     assert_eq!((adam.betas, adam.weight_decay), ((0.9, 0.999), 0.0));
     assert_eq!(OptimizerConfig::new(OptimizerKind::Adadelta).rho, 0.9);
+}
+
+/// Each step's rate and momentum, bit for bit, for both anneal strategies, three phases and
+/// Adam's beta1.
+#[test]
+fn one_cycle_matches_torch_bit_for_bit() {
+    let cases: [(&str, &[[f64; 2]], f64, OneCycle); 3] = [
+        ("cos", &reference::ONE_CYCLE, 0.4, OneCycle::default()),
+        (
+            "linear three-phase",
+            &reference::ONE_CYCLE_LINEAR_3,
+            0.1,
+            OneCycle {
+                pct_start: 0.25,
+                anneal: Anneal::Linear,
+                three_phase: true,
+                div_factor: 10.0,
+                final_div_factor: 100.0,
+                base_momentum: 0.8,
+                max_momentum: 0.9,
+                ..OneCycle::default()
+            },
+        ),
+        (
+            "adam",
+            &reference::ONE_CYCLE_ADAM,
+            0.01,
+            OneCycle {
+                pct_start: 0.5,
+                ..OneCycle::default()
+            },
+        ),
+    ];
+    for (name, want, max_lr, cycle) in cases {
+        let step_lr = StepLr {
+            base_lr: max_lr,
+            gamma: 1.0,
+            step_size: 1,
+        };
+        // Spread over epochs of 3 steps where the length allows: only the global step counts.
+        let (epochs, per_epoch) = if want.len() % 3 == 0 {
+            (want.len() / 3, 3)
+        } else {
+            (1, want.len())
+        };
+        let schedule = RunSchedule::new(Schedule::OneCycle(cycle), step_lr, epochs, per_epoch);
+        let ours: Vec<[f64; 2]> = (0..want.len())
+            .map(|s| {
+                let h = schedule.at(s / per_epoch, s);
+                [h.lr, h.momentum.unwrap()]
+            })
+            .collect();
+        assert_eq!(ours, want, "{name}");
+    }
+}
+
+#[test]
+fn warmup_cosine_matches_torch_bit_for_bit() {
+    let step_lr = StepLr {
+        base_lr: 0.2,
+        gamma: 1.0,
+        step_size: 1,
+    };
+    let schedule = RunSchedule::new(Schedule::WarmupCosine { warmup_steps: 5 }, step_lr, 4, 5);
+    let ours: Vec<f64> = (0..20).map(|s| schedule.at(s / 5, s).lr).collect();
+    assert_eq!(ours, reference::WARMUP_COSINE);
+    assert_eq!(schedule.at(0, 0).momentum, None);
 }
 
 #[test]
@@ -173,9 +332,28 @@ fn fused_update_is_bit_identical_to_the_tensor_ops() {
         [1],
         &Default::default()
     )));
-    for kind in [OptimizerKind::Sgd, OptimizerKind::Adam, OptimizerKind::Adadelta] {
+    let nesterov = OptimizerConfig {
+        momentum: 0.9,
+        nesterov: true,
+        ..OptimizerConfig::new(OptimizerKind::Sgd)
+    };
+    let damped = OptimizerConfig {
+        momentum: 0.8,
+        dampening: 0.25,
+        ..OptimizerConfig::new(OptimizerKind::Sgd)
+    };
+    let configs = [OptimizerKind::Sgd, OptimizerKind::Adam, OptimizerKind::Adadelta]
+        .map(OptimizerConfig::new)
+        .into_iter()
+        .chain([nesterov, damped]);
+    for config in configs {
         for weight_decay in [0.0, 0.01] {
-            let optim = with_decay(kind, weight_decay).build();
+            let kind = (config.kind, config.momentum, config.nesterov);
+            let optim = OptimizerConfig {
+                weight_decay,
+                ..config.clone()
+            }
+            .build();
             let (fused, ops) = (run::<Flex>(&optim, 0.7), run::<TB>(&optim, 0.7));
             assert_eq!(fused.len(), ops.len());
             for (i, (f, o)) in fused.iter().zip(&ops).enumerate() {

@@ -1,0 +1,222 @@
+//! `torch.nn.BatchNorm2d`, with PyTorch's semantics where burn's `BatchNorm` differs.
+//!
+//! burn 0.21's `BatchNorm` updates the running variance with the biased batch variance and has
+//! no `num_batches_tracked`; PyTorch uses the unbiased variance (`n / (n - 1)`) for the running
+//! estimate, the biased one to normalise, and counts the batches. A model trained here must
+//! evaluate like its PyTorch twin and import its `state_dict`, so ember carries its own layer.
+//! The parameter and buffer names are PyTorch's.
+
+use burn::config::Config;
+use burn::module::{Module, Param, RunningState};
+use burn::tensor::{backend::Backend, Tensor};
+
+#[derive(Config, Debug)]
+pub struct BatchNorm2dConfig {
+    pub num_features: usize,
+    /// Added to the variance before its square root.
+    #[config(default = 1e-5)]
+    pub eps: f64,
+    /// Weight of the new batch in the running estimates, as PyTorch defines it:
+    /// `running = (1 - momentum) * running + momentum * batch`.
+    #[config(default = 0.1)]
+    pub momentum: f64,
+}
+
+/// Batch normalisation of `[batch, channels, height, width]` per channel, with a learned scale
+/// (`weight`, initially 1) and shift (`bias`, initially 0).
+///
+/// Training (an autodiff backend) normalises with the batch's own mean and biased variance and
+/// updates the running estimates; inference (the inner backend, as `ember eval` runs) normalises
+/// with the running estimates.
+#[derive(Module, Debug)]
+pub struct BatchNorm2d<B: Backend> {
+    pub weight: Param<Tensor<B, 1>>,
+    pub bias: Param<Tensor<B, 1>>,
+    pub running_mean: RunningState<Tensor<B, 1>>,
+    pub running_var: RunningState<Tensor<B, 1>>,
+    /// Training batches seen; PyTorch's is an `int64` scalar, kept here as a one-element `f32`
+    /// (exact to 2^24 batches). Only counted: with a fixed momentum PyTorch does not read it.
+    pub num_batches_tracked: RunningState<Tensor<B, 1>>,
+    pub eps: f64,
+    pub momentum: f64,
+}
+
+impl BatchNorm2dConfig {
+    pub fn init<B: Backend>(&self, device: &B::Device) -> BatchNorm2d<B> {
+        let n = self.num_features;
+        BatchNorm2d {
+            weight: Param::from_tensor(Tensor::ones([n], device)),
+            bias: Param::from_tensor(Tensor::zeros([n], device)),
+            running_mean: RunningState::new(Tensor::zeros([n], device)),
+            running_var: RunningState::new(Tensor::ones([n], device)),
+            num_batches_tracked: RunningState::new(Tensor::zeros([1], device)),
+            eps: self.eps,
+            momentum: self.momentum,
+        }
+    }
+}
+
+impl<B: Backend> BatchNorm2d<B> {
+    /// Elements of the running statistics (not trained, but counted by burn's `num_params`).
+    pub fn buffer_len(&self) -> usize {
+        2 * self.running_mean.value().dims()[0] + 1
+    }
+
+    /// # Shapes
+    /// - `x`: `[batch, channels, height, width]`
+    /// - output: the same
+    pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        if B::ad_enabled(&x.device()) {
+            self.forward_train(x)
+        } else {
+            let mean = self.running_mean.value();
+            let var = self.running_var.value();
+            self.normalise(x, mean, var)
+        }
+    }
+
+    fn forward_train(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let [batch, channels, height, width] = x.dims();
+        let n = batch * height * width;
+        // [channels, batch * height * width]
+        let per_channel = x.clone().swap_dims(0, 1).reshape([channels, n]);
+        let mean = per_channel.clone().mean_dim(1); // [channels, 1]
+        let var = per_channel.sub(mean.clone()).square().mean_dim(1); // biased, [channels, 1]
+        let (mean, var) = (mean.reshape([channels]), var.reshape([channels]));
+
+        let m = self.momentum;
+        let unbiased = var
+            .clone()
+            .detach()
+            .mul_scalar(n as f64 / (n as f64 - 1.0).max(1.0));
+        let running_mean = self.running_mean.value_sync();
+        let running_var = self.running_var.value_sync();
+        self.running_mean.update(
+            running_mean
+                .mul_scalar(1.0 - m)
+                .add(mean.clone().detach().mul_scalar(m))
+                .detach(),
+        );
+        self.running_var.update(
+            running_var
+                .mul_scalar(1.0 - m)
+                .add(unbiased.mul_scalar(m))
+                .detach(),
+        );
+        self.num_batches_tracked
+            .update(self.num_batches_tracked.value_sync().add_scalar(1.0).detach());
+        // burn's RunningState keeps an update pending per thread until the next read; module
+        // visitors (export by name, parameter counts) read without folding it in, so fold it in
+        // now: every reader sees the statistics of the last batch.
+        for state in [&self.running_mean, &self.running_var, &self.num_batches_tracked] {
+            let _ = state.value_sync();
+        }
+
+        self.normalise(x, mean, var)
+    }
+
+    /// `(x - mean) / sqrt(var + eps) * weight + bias`, per channel.
+    fn normalise(&self, x: Tensor<B, 4>, mean: Tensor<B, 1>, var: Tensor<B, 1>) -> Tensor<B, 4> {
+        let shape = [1, mean.dims()[0], 1, 1];
+        let inv_std = var.add_scalar(self.eps).sqrt().recip();
+        x.sub(mean.reshape(shape))
+            .mul(inv_std.reshape(shape))
+            .mul(self.weight.val().reshape(shape))
+            .add(self.bias.val().reshape(shape))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference;
+    use crate::test_util::{TestAutodiff, TestBackend};
+    use burn::module::AutodiffModule;
+    use burn::tensor::TensorData;
+
+    /// `values` of benches/pytorch/layer_reference.py.
+    fn values<B: Backend>(shape: [usize; 4], salt: usize) -> Tensor<B, 4> {
+        let n: usize = shape.iter().product();
+        let v: Vec<f32> = (0..n)
+            .map(|i| (((i * 37 + salt * 11) % 23) as f64 - 11.0) / 7.0 + 0.25 * salt as f64)
+            .map(|v| v as f32)
+            .collect();
+        Tensor::from_data(TensorData::new(v, shape), &Default::default())
+    }
+
+    fn assert_close<B: Backend, const D: usize>(got: Tensor<B, D>, want: &[f64], what: &str) {
+        let got: Vec<f32> = got.into_data().convert::<f32>().to_vec().unwrap();
+        assert_eq!(got.len(), want.len(), "{what}: length");
+        let scale = want.iter().fold(1.0f64, |m, w| m.max(w.abs()));
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            let err = (f64::from(*g) - w).abs() / scale;
+            assert!(
+                err <= 1e-5,
+                "{what}[{i}] = {g}, torch has {w} (relative error {err:e})"
+            );
+        }
+    }
+
+    #[test]
+    fn trains_and_evaluates_like_torch() {
+        let shape = [3, 2, 2, 3];
+        let device = Default::default();
+        let mut bn = BatchNorm2dConfig::new(2).init::<TestAutodiff>(&device);
+        bn.weight = Param::from_tensor(Tensor::from_floats([1.5, -0.5], &device));
+        bn.bias = Param::from_tensor(Tensor::from_floats([0.1, 0.2], &device));
+
+        let x1 = values::<TestAutodiff>(shape, 1).require_grad();
+        let y1 = bn.forward(x1.clone());
+        assert_close(y1.clone(), &reference::BN_Y1, "y1");
+        let grads = y1.mul(values(shape, 3)).sum().backward();
+        assert_close(x1.grad(&grads).unwrap(), &reference::BN_DX1, "dx1");
+        assert_close(bn.weight.grad(&grads).unwrap(), &reference::BN_DWEIGHT, "dweight");
+        assert_close(bn.bias.grad(&grads).unwrap(), &reference::BN_DBIAS, "dbias");
+
+        assert_close(bn.forward(values(shape, 2)), &reference::BN_Y2, "y2");
+        let eval = bn.valid();
+        assert_close(
+            eval.running_mean.value(),
+            &reference::BN_RUNNING_MEAN,
+            "running_mean",
+        );
+        assert_close(
+            eval.running_var.value(),
+            &reference::BN_RUNNING_VAR,
+            "running_var",
+        );
+        assert_close(
+            eval.num_batches_tracked.value(),
+            &[reference::BN_NUM_BATCHES_TRACKED as f64],
+            "num_batches_tracked",
+        );
+        assert_close(
+            eval.forward(values::<TestBackend>(shape, 1)),
+            &reference::BN_EVAL,
+            "eval",
+        );
+    }
+
+    /// The running statistics are state a checkpoint must keep.
+    #[test]
+    fn running_statistics_are_in_the_record() {
+        let device = Default::default();
+        let bn = BatchNorm2dConfig::new(2).init::<TestAutodiff>(&device);
+        let _ = bn.forward(values([4, 2, 3, 3], 1));
+        let trained = bn.valid();
+        let fresh = BatchNorm2dConfig::new(2)
+            .init::<TestBackend>(&device)
+            .load_record(trained.clone().into_record());
+        for (a, b) in [
+            (&trained.running_mean, &fresh.running_mean),
+            (&trained.running_var, &fresh.running_var),
+            (&trained.num_batches_tracked, &fresh.num_batches_tracked),
+        ] {
+            a.value().into_data().assert_eq(&b.value().into_data(), true);
+        }
+        assert_ne!(
+            fresh.running_var.value().into_data().to_vec::<f32>().unwrap(),
+            vec![1.0, 1.0]
+        );
+    }
+}
