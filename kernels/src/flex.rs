@@ -16,6 +16,7 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 
 use crate::cpu;
+use crate::cpu::batch_norm::{batch_norm_backward, batch_stats, inv_std, normalise, to_f32, BnShape};
 use crate::cpu::conv::{conv2d_backward, conv2d_forward, ConvShape};
 use crate::cpu::dropout::{dropout_backward, dropout_forward, DropoutMask};
 use crate::cpu::linear::LinearShape;
@@ -462,4 +463,169 @@ impl Backward<Flex, 1> for DropoutBackward {
             FlexTensor::from_data(TensorData::new(dx, dy.layout().shape().clone())),
         );
     }
+}
+
+#[derive(Debug)]
+struct BatchNormBackward;
+
+/// What batch norm's backward reads: the input, the batch's statistics, the scale, and the
+/// output when a ReLU was fused.
+#[derive(Clone)]
+struct BnState {
+    x: FlexTensor,
+    mean: Vec<f64>,
+    inv_std: Vec<f64>,
+    weight: FlexTensor,
+    relu_out: Option<FlexTensor>,
+    shape: BnShape,
+    dims: [usize; 4],
+}
+
+impl fmt::Debug for BnState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BnState({:?})", self.shape)
+    }
+}
+
+impl Backward<Flex, 3> for BatchNormBackward {
+    type State = BnState;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_w, node_b] = ops.parents;
+        let dy = contiguous(grads.consume::<Flex>(&ops.node));
+        let s = ops.state;
+        let sh = s.shape;
+        let mut dx = node_x.as_ref().map(|_| cpu::zeroed::<f32>(sh.len()));
+        let mut dw = node_w.as_ref().map(|_| vec![0.0; sh.channels]);
+        let mut db = node_b.as_ref().map(|_| vec![0.0; sh.channels]);
+        batch_norm_backward(
+            &sh,
+            f32s(&s.x),
+            &s.mean,
+            &s.inv_std,
+            f32s(&s.weight),
+            f32s(&dy),
+            s.relu_out.as_ref().map(f32s),
+            dx.as_deref_mut(),
+            dw.as_deref_mut(),
+            db.as_deref_mut(),
+        );
+        register(grads, node_x.map(|n| n.id), dx, s.dims);
+        register(grads, node_w.map(|n| n.id), dw, [sh.channels]);
+        register(grads, node_b.map(|n| n.id), db, [sh.channels]);
+    }
+}
+
+/// Batch norm in training mode on backend `B` (flex or autodiff flex): the output and the
+/// batch's mean and biased variance (untracked).
+pub(crate) fn batch_norm_train<B: Backend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    shape: BnShape,
+    eps: f64,
+    relu: bool,
+) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    let dims = x.dims();
+    let forward = |x: &FlexTensor, w: &FlexTensor, b: &FlexTensor| {
+        let (mean, var) = batch_stats(&shape, f32s(x));
+        let inv = inv_std(&var, eps);
+        let mut y = cpu::zeroed::<f32>(shape.len());
+        normalise(
+            &shape,
+            f32s(x),
+            &to_f32(&mean),
+            &to_f32(&inv),
+            f32s(w),
+            f32s(b),
+            relu,
+            &mut y,
+        );
+        (from_vec(y, dims), mean, var, inv)
+    };
+    let stats = |mean: &[f64], var: &[f64]| {
+        let c = shape.channels;
+        (from_vec(to_f32(mean), [c]), from_vec(to_f32(var), [c]))
+    };
+    if is_flex::<B>() {
+        let (x, w, b) = (
+            contiguous(flex_prim(x)),
+            contiguous(flex_prim(weight)),
+            contiguous(flex_prim(bias)),
+        );
+        let (y, mean, var, _) = forward(&x, &w, &b);
+        let (mean, var) = stats(&mean, &var);
+        return (
+            back::<B, 4>(tensor::<Flex, 4>(y)),
+            back::<B, 1>(tensor::<Flex, 1>(mean)),
+            back::<B, 1>(tensor::<Flex, 1>(var)),
+        );
+    }
+    let (x, w, b) = (ad_prim(x), ad_prim(weight), ad_prim(bias));
+    let (xp, wp, bp) = (
+        contiguous(x.primitive),
+        contiguous(w.primitive),
+        contiguous(b.primitive),
+    );
+    let (y, mean, var, inv) = forward(&xp, &wp, &bp);
+    let (mean_t, var_t) = stats(&mean, &var);
+    let y = match BatchNormBackward
+        .prepare::<NoCheckpointing>([x.node, w.node, b.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(
+            BnState {
+                x: xp,
+                mean,
+                inv_std: inv,
+                weight: wp,
+                relu_out: relu.then(|| y.clone()),
+                shape,
+                dims,
+            },
+            y,
+        ),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    (
+        back::<B, 4>(tensor::<Ad, 4>(y)),
+        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(mean_t))),
+        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(var_t))),
+    )
+}
+
+/// Batch norm with given statistics (inference) on flex.
+pub(crate) fn batch_norm_eval<B: Backend>(
+    x: Tensor<B, 4>,
+    mean: Tensor<B, 1>,
+    var: Tensor<B, 1>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    shape: BnShape,
+    eps: f64,
+    relu: bool,
+) -> Tensor<B, 4> {
+    let dims = x.dims();
+    let [x, mean, var, w, b] = [
+        contiguous(flex_prim(x)),
+        contiguous(flex_prim(mean)),
+        contiguous(flex_prim(var)),
+        contiguous(flex_prim(weight)),
+        contiguous(flex_prim(bias)),
+    ];
+    let var: Vec<f64> = f32s(&var).iter().map(|&v| f64::from(v)).collect();
+    let inv = to_f32(&inv_std(&var, eps));
+    let mut y = cpu::zeroed::<f32>(shape.len());
+    normalise(
+        &shape,
+        f32s(&x),
+        f32s(&mean),
+        &inv,
+        f32s(&w),
+        f32s(&b),
+        relu,
+        &mut y,
+    );
+    back::<B, 4>(tensor::<Flex, 4>(from_vec(y, dims)))
 }

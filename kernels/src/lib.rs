@@ -26,6 +26,7 @@ mod flex;
 pub mod nn;
 pub mod optim;
 
+pub use cpu::batch_norm::BnShape;
 pub use cpu::conv::{ConvShape, PadMode};
 pub use cpu::linear::LinearShape;
 pub use cpu::pool::PoolShape;
@@ -259,4 +260,102 @@ pub fn max_pool2d<B: Backend>(
         }
     }
     module::max_pool2d(x, kernel, stride, padding, [1, 1], false)
+}
+
+fn bn_shape<B: Backend>(x: &Tensor<B, 4>, channels: usize) -> Option<BnShape> {
+    let [batch, c, h, w] = x.dims();
+    let shape = BnShape {
+        batch,
+        channels: c,
+        plane: h * w,
+    };
+    (x.dtype() == DType::F32 && c == channels && batch * h * w > 0).then_some(shape)
+}
+
+/// Batch normalisation in training mode, as `torch.nn.functional.batch_norm(training=True)`:
+/// each channel normalised with the batch's mean and biased variance, scaled by `weight` and
+/// shifted by `bias`, then `relu` if asked (fused on the kernels). Returns the output and the
+/// batch's mean and biased variance, detached, for the running statistics.
+///
+/// # Shapes
+/// - `x`: `[batch, channels, h, w]`; `weight`, `bias`: `[channels]`
+/// - output: `x`'s; mean and variance: `[channels]`
+pub fn batch_norm2d_train<B: Backend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    eps: f64,
+    relu: bool,
+) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    #[cfg(feature = "flex")]
+    if uses_cpu_kernels::<B>() && weight.dtype() == DType::F32 {
+        if let Some(shape) = bn_shape(&x, weight.dims()[0]) {
+            return flex::batch_norm_train(x, weight, bias, shape, eps, relu);
+        }
+    }
+    batch_norm2d_train_stock(x, weight, bias, eps, relu)
+}
+
+/// [`batch_norm2d_train`] through burn's own ops.
+pub fn batch_norm2d_train_stock<B: Backend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    eps: f64,
+    relu: bool,
+) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    let [batch, channels, h, w] = x.dims();
+    // [channels, batch * h * w]
+    let per_channel = x.clone().swap_dims(0, 1).reshape([channels, batch * h * w]);
+    let mean = per_channel.clone().mean_dim(1).reshape([channels]);
+    let var = per_channel
+        .sub(mean.clone().reshape([channels, 1]))
+        .square()
+        .mean_dim(1)
+        .reshape([channels]);
+    let y = batch_norm2d_stock(x, mean.clone(), var.clone(), weight, bias, eps, relu);
+    (y, mean.detach(), var.detach())
+}
+
+/// Batch normalisation with given statistics (inference), as
+/// `torch.nn.functional.batch_norm(training=False)`, then `relu` if asked.
+///
+/// # Shapes
+/// - `x`: `[batch, channels, h, w]`; the others `[channels]`
+pub fn batch_norm2d_eval<B: Backend>(
+    x: Tensor<B, 4>,
+    mean: Tensor<B, 1>,
+    var: Tensor<B, 1>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    eps: f64,
+    relu: bool,
+) -> Tensor<B, 4> {
+    #[cfg(feature = "flex")]
+    if is_flex::<B>() && weight.dtype() == DType::F32 {
+        if let Some(shape) = bn_shape(&x, weight.dims()[0]) {
+            return flex::batch_norm_eval(x, mean, var, weight, bias, shape, eps, relu);
+        }
+    }
+    batch_norm2d_stock(x, mean, var, weight, bias, eps, relu)
+}
+
+/// `(x - mean) / sqrt(var + eps) * weight + bias` per channel with burn's ops, then `relu`.
+fn batch_norm2d_stock<B: Backend>(
+    x: Tensor<B, 4>,
+    mean: Tensor<B, 1>,
+    var: Tensor<B, 1>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    eps: f64,
+    relu: bool,
+) -> Tensor<B, 4> {
+    let shape = [1, mean.dims()[0], 1, 1];
+    let inv_std = var.add_scalar(eps).sqrt().recip();
+    let y = x
+        .sub(mean.reshape(shape))
+        .mul(inv_std.reshape(shape))
+        .mul(weight.reshape(shape))
+        .add(bias.reshape(shape));
+    relu_if(y, relu)
 }

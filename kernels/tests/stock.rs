@@ -362,3 +362,88 @@ fn dropout_keeps_scales_and_routes_the_gradient_like_burns() {
         inference.into_data()
     );
 }
+
+/// Batch norm in training mode (with and without the fused ReLU) and in inference: the output,
+/// the batch statistics and every gradient against burn's stock ops in f64. The loss weights
+/// each output element differently, so that the gradients do not vanish by symmetry.
+fn check_batch_norm(batch: usize, channels: usize, h: usize, w: usize, relu: bool, seed: u64) {
+    use ember_kernels::{batch_norm2d_eval, batch_norm2d_train, batch_norm2d_train_stock};
+    let (xf, xr) = same([batch, channels, h, w], seed);
+    // Offset and scaled like a convolution's output, far from zero mean and unit variance.
+    let xf = Tensor::<Fast, 4>::from_inner(xf.inner().mul_scalar(3.0).add_scalar(2.0)).require_grad();
+    let xr = Tensor::<Reference, 4>::from_inner(xr.inner().mul_scalar(3.0).add_scalar(2.0)).require_grad();
+    let (wf, wr) = same([channels], seed + 1);
+    let (bf, br) = same([channels], seed + 2);
+    let (rf, rr) = same([batch, channels, h, w], seed + 3);
+    let (yf, mf, vf) = batch_norm2d_train(xf.clone(), wf.clone(), bf.clone(), 1e-5, relu);
+    let (yr, mr, vr) = batch_norm2d_train_stock(xr.clone(), wr.clone(), br.clone(), 1e-5, relu);
+    let what = format!("batch norm {batch}x{channels}x{h}x{w} relu {relu}");
+    assert_close(&format!("{what}: y"), values(yf.clone()), values(yr.clone()));
+    assert_close(&format!("{what}: mean"), values(mf.clone()), values(mr.clone()));
+    assert_close(&format!("{what}: var"), values(vf.clone()), values(vr.clone()));
+    let gf = yf.mul(rf.detach()).sum().backward();
+    let gr = yr.mul(rr.clone().detach()).sum().backward();
+    // dx is a difference of terms of the size of weight * dy / std; with a few elements per
+    // channel it nearly cancels, so it is measured against that size.
+    let scale = values(wr.clone().abs().max())[0] * values(rr.clone().abs().max())[0]
+        / values(vr.clone().add_scalar(1e-5).sqrt().min())[0];
+    let (dxf, dxr) = (values(xf.grad(&gf).unwrap()), values(xr.grad(&gr).unwrap()));
+    let err = dxf
+        .iter()
+        .zip(&dxr)
+        .fold(0.0f64, |m, (a, b)| m.max((a - b).abs()));
+    let want = dxr.iter().fold(0.0f64, |m, v| m.max(v.abs())).max(scale);
+    assert!(
+        err / want <= TOLERANCE,
+        "{what}: dx: relative error {:.3e}",
+        err / want
+    );
+    assert_close(
+        &format!("{what}: dweight"),
+        values(wf.grad(&gf).unwrap()),
+        values(wr.grad(&gr).unwrap()),
+    );
+    assert_close(
+        &format!("{what}: dbias"),
+        values(bf.grad(&gf).unwrap()),
+        values(br.grad(&gr).unwrap()),
+    );
+    // Inference with those statistics, on the inner backends.
+    let yf = batch_norm2d_eval(
+        xf.inner(),
+        mf.inner(),
+        vf.inner(),
+        wf.inner(),
+        bf.inner(),
+        1e-5,
+        relu,
+    );
+    let yr = batch_norm2d_eval(
+        xr.inner(),
+        mr.inner(),
+        vr.inner(),
+        wr.inner(),
+        br.inner(),
+        1e-5,
+        relu,
+    );
+    assert_close(&format!("{what}: eval"), values(yf), values(yr));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn batch_norm_matches_burn(
+        batch in 1usize..5, channels in 1usize..5, h in 1usize..7, w in 1usize..7,
+        relu in prop::bool::ANY, seed in 0u64..1000,
+    ) {
+        prop_assume!(batch * h * w > 1);
+        check_batch_norm(batch, channels, h, w, relu, seed);
+    }
+}
+
+#[test]
+fn batch_norm_at_resnet_shapes_matches_burn() {
+    check_batch_norm(8, 16, 28, 28, true, 1);
+    check_batch_norm(8, 32, 14, 14, false, 2);
+}

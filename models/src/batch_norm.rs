@@ -66,37 +66,31 @@ impl<B: Backend> BatchNorm2d<B> {
     /// - `x`: `[batch, channels, height, width]`
     /// - output: the same
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        if B::ad_enabled(&x.device()) {
-            self.forward_train(x)
-        } else {
-            let mean = self.running_mean.value();
-            let var = self.running_var.value();
-            self.normalise(x, mean, var)
-        }
+        self.forward_maybe_relu(x, false)
     }
 
-    fn forward_train(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let [batch, channels, height, width] = x.dims();
-        let n = batch * height * width;
-        // [channels, batch * height * width]
-        let per_channel = x.clone().swap_dims(0, 1).reshape([channels, n]);
-        let mean = per_channel.clone().mean_dim(1); // [channels, 1]
-        let var = per_channel.sub(mean.clone()).square().mean_dim(1); // biased, [channels, 1]
-        let (mean, var) = (mean.reshape([channels]), var.reshape([channels]));
+    /// `relu(self.forward(x))`, fused on ember's CPU kernels.
+    pub fn forward_relu(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        self.forward_maybe_relu(x, true)
+    }
 
+    fn forward_maybe_relu(&self, x: Tensor<B, 4>, relu: bool) -> Tensor<B, 4> {
+        let (weight, bias) = (self.weight.val(), self.bias.val());
+        if !B::ad_enabled(&x.device()) {
+            let (mean, var) = (self.running_mean.value(), self.running_var.value());
+            return ember_kernels::batch_norm2d_eval(x, mean, var, weight, bias, self.eps, relu);
+        }
+        let [batch, _, height, width] = x.dims();
+        let n = (batch * height * width) as f64;
+        let (y, mean, var) = ember_kernels::batch_norm2d_train(x, weight, bias, self.eps, relu);
         let m = self.momentum;
-        let unbiased = var
-            .clone()
-            .detach()
-            .mul_scalar(n as f64 / (n as f64 - 1.0).max(1.0));
+        // PyTorch's running variance is the unbiased estimate (n / (n - 1)); a single value
+        // per channel (PyTorch refuses to train on one) keeps the biased one.
+        let unbiased = var.mul_scalar(n / (n - 1.0).max(1.0));
         let running_mean = self.running_mean.value_sync();
         let running_var = self.running_var.value_sync();
-        self.running_mean.update(
-            running_mean
-                .mul_scalar(1.0 - m)
-                .add(mean.clone().detach().mul_scalar(m))
-                .detach(),
-        );
+        self.running_mean
+            .update(running_mean.mul_scalar(1.0 - m).add(mean.mul_scalar(m)).detach());
         self.running_var.update(
             running_var
                 .mul_scalar(1.0 - m)
@@ -111,18 +105,7 @@ impl<B: Backend> BatchNorm2d<B> {
         for state in [&self.running_mean, &self.running_var, &self.num_batches_tracked] {
             let _ = state.value_sync();
         }
-
-        self.normalise(x, mean, var)
-    }
-
-    /// `(x - mean) / sqrt(var + eps) * weight + bias`, per channel.
-    fn normalise(&self, x: Tensor<B, 4>, mean: Tensor<B, 1>, var: Tensor<B, 1>) -> Tensor<B, 4> {
-        let shape = [1, mean.dims()[0], 1, 1];
-        let inv_std = var.add_scalar(self.eps).sqrt().recip();
-        x.sub(mean.reshape(shape))
-            .mul(inv_std.reshape(shape))
-            .mul(self.weight.val().reshape(shape))
-            .add(self.bias.val().reshape(shape))
+        y
     }
 }
 

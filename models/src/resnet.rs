@@ -69,7 +69,7 @@ impl<B: Backend> BasicBlock<B> {
     /// - `x`: `[batch, cin, h, w]`
     /// - output: `[batch, cout, ceil(h / stride), ceil(w / stride)]`
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let out = relu(self.bn1.forward(nn::conv2d(&self.conv1, x.clone())));
+        let out = self.bn1.forward_relu(nn::conv2d(&self.conv1, x.clone()));
         let out = self.bn2.forward(nn::conv2d(&self.conv2, out));
         let identity = match &self.shortcut {
             Some(p) => p.bn.forward(nn::conv2d(&p.conv, x)),
@@ -146,7 +146,7 @@ impl<B: Backend> Classifier<B> for ResNet<B> {
     /// - `images`: `[batch, in_channels, h, w]` (any size: the pooling is global)
     /// - output: `[batch, num_classes]`, logits
     fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
-        let mut x = relu(self.bn1.forward(nn::conv2d(&self.conv1, images))); // [batch, 16, 28, 28]
+        let mut x = self.bn1.forward_relu(nn::conv2d(&self.conv1, images)); // [batch, 16, 28, 28]
         for block in self.stages.iter().flatten() {
             x = block.forward(x); // ResNet-20 at 28x28: [batch, 16|32|64, 28|14|7, 28|14|7]
         }

@@ -14,7 +14,6 @@ use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::pool::{MaxPool2d, MaxPool2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
-use burn::tensor::activation::relu;
 use burn::tensor::{backend::Backend, Tensor};
 
 use ember_kernels::nn;
@@ -41,7 +40,7 @@ impl<B: Backend> ConvBlock<B> {
     }
 
     fn forward(&self, x: Tensor<B, 4>, pool: &MaxPool2d) -> Tensor<B, 4> {
-        nn::max_pool2d(pool, relu(self.bn.forward(nn::conv2d(&self.conv, x))))
+        nn::max_pool2d(pool, self.bn.forward_relu(nn::conv2d(&self.conv, x)))
     }
 }
 

@@ -3,6 +3,7 @@
 
 use rayon::prelude::*;
 
+pub mod batch_norm;
 pub mod conv;
 pub mod dropout;
 pub mod linear;
