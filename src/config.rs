@@ -172,13 +172,7 @@ impl Recipe {
             Self::ResnetFashion => TrainConfig {
                 model: ModelKind::Resnet20,
                 dataset: Dataset::FashionMnist,
-                optimizer: modern_sgd(),
                 lr: 0.1,
-                schedule: Schedule::OneCycle(OneCycle {
-                    pct_start: 0.25,
-                    ..OneCycle::default()
-                }),
-                label_smoothing: 0.1,
                 augment: Augment {
                     translate: 2,
                     flip: true,
@@ -186,17 +180,11 @@ impl Recipe {
                 batch_size: 128,
                 epochs: 30,
                 normalization: Normalization::FASHION_MNIST,
-                ..base
+                ..modern(base)
             },
             Self::Speedrun => TrainConfig {
                 model: ModelKind::SpeedrunNet,
-                optimizer: modern_sgd(),
                 lr: 0.2,
-                schedule: Schedule::OneCycle(OneCycle {
-                    pct_start: 0.25,
-                    ..OneCycle::default()
-                }),
-                label_smoothing: 0.1,
                 augment: Augment {
                     translate: 2,
                     flip: false,
@@ -204,21 +192,30 @@ impl Recipe {
                 batch_size: 256,
                 epochs: 3,
                 target_accuracy: Some(99.0),
-                ..base
+                ..modern(base)
             },
         }
     }
 }
 
-/// SGD as modern image-classification recipes set it: Nesterov momentum 0.9 (moved by
-/// one-cycle between 0.95 and 0.85), weight decay 5e-4 on the weights only.
-fn modern_sgd() -> OptimizerConfig {
-    OptimizerConfig {
-        momentum: 0.9,
-        nesterov: true,
-        weight_decay: 5e-4,
-        no_decay_1d: true,
-        ..OptimizerConfig::new(OptimizerKind::Sgd)
+/// `base` with what the two modern recipes share: SGD with Nesterov momentum 0.9 (moved by
+/// one-cycle between 0.95 and 0.85) and weight decay 5e-4 on the weights only, a one-cycle
+/// schedule 25% up, label smoothing 0.1.
+fn modern(base: TrainConfig) -> TrainConfig {
+    TrainConfig {
+        optimizer: OptimizerConfig {
+            momentum: 0.9,
+            nesterov: true,
+            weight_decay: 5e-4,
+            no_decay_1d: true,
+            ..OptimizerConfig::new(OptimizerKind::Sgd)
+        },
+        schedule: Schedule::OneCycle(OneCycle {
+            pct_start: 0.25,
+            ..OneCycle::default()
+        }),
+        label_smoothing: 0.1,
+        ..base
     }
 }
 

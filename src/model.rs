@@ -94,16 +94,18 @@ impl ModelKind {
             // conv1 32x1x5x5 at 28x28, conv2 64x32x5x5 at 14x14, fc1 3136x1024, fc2 1024x10
             Self::FlashlightCnn => conv(32, 1, 5, 28) + conv(64, 32, 5, 14) + 3136 * 1024 + 1024 * 10,
             Self::Resnet20 | Self::Resnet18 => {
-                let (widths, depths): (&[u64], &[u64]) = match self {
-                    Self::Resnet20 => (&[16, 32, 64], &[3, 3, 3]),
-                    _ => (&[64, 128, 256, 512], &[2, 2, 2, 2]),
+                let config = match self {
+                    Self::Resnet20 => ResNetConfig::resnet20(),
+                    _ => ResNetConfig::resnet18(),
                 };
+                let widths: Vec<u64> = config.widths.iter().map(|&w| w as u64).collect();
+                let depths: Vec<u64> = config.depths.iter().map(|&d| d as u64).collect();
                 // Stem at 28x28, then per stage: the first block's conv1 (stride 2 after the
                 // first stage) and projection, the other 3x3 convolutions at the stage's size.
                 let mut side = 28;
                 let mut cin = widths[0];
                 let mut macs = conv(widths[0], 1, 3, side);
-                for (s, (&w, &d)) in widths.iter().zip(depths).enumerate() {
+                for (s, (&w, &d)) in widths.iter().zip(&depths).enumerate() {
                     if s > 0 {
                         side = side.div_ceil(2);
                     }

@@ -126,7 +126,8 @@ pub fn run(opts: &RaceOptions, out: &Path) -> Result<String> {
             .arg(run_dir.join("config.json"))
             .arg("--data-dir")
             .arg(&opts.data_dir)
-            .args(["--device", &torch_device(&opts.device_arg)])
+            // ember's cpu / cuda:N are PyTorch's device names too.
+            .args(["--device", &opts.device_arg])
             .args(["--threads", &opts.threads.to_string()])
             .arg("--json")
             .arg(&json);
@@ -169,11 +170,6 @@ pub fn run(opts: &RaceOptions, out: &Path) -> Result<String> {
 fn final_accuracy(stdout: &str) -> Option<f64> {
     let line = stdout.lines().find(|l| l.starts_with("final:"))?;
     line.split("accuracy ").nth(1)?.split('%').next()?.parse().ok()
-}
-
-/// PyTorch's name for ember's `--device` value.
-fn torch_device(device: &str) -> String {
-    device.to_string()
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
