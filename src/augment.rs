@@ -63,12 +63,16 @@ pub struct DeviceDraws<B: Backend> {
     dy: Tensor<B, 1, Int>,
     dx: Tensor<B, 1, Int>,
     flip: Tensor<B, 1, Int>,
+    /// Each pixel's row-major index, `[1, h * w]`: built once, since `arange` is an upload on
+    /// some backends and a step must not upload.
+    pixel: Tensor<B, 2, Int>,
     /// The value of a black pixel after normalisation.
     fill: f32,
 }
 
 impl<B: Backend> DeviceDraws<B> {
-    pub fn upload(draws: &Draws, fill: f32, device: &B::Device) -> Self {
+    /// The draws for images of `size` (`[h, w]`).
+    pub fn upload(draws: &Draws, fill: f32, size: [usize; 2], device: &B::Device) -> Self {
         let up = |v: &[i64]| {
             Tensor::from_data(
                 TensorData::new(v.to_vec(), [v.len()]).convert::<B::IntElem>(),
@@ -79,6 +83,8 @@ impl<B: Backend> DeviceDraws<B> {
             dy: up(&draws.dy),
             dx: up(&draws.dx),
             flip: up(&draws.flip),
+            pixel: Tensor::<B, 1, Int>::arange(0..(size[0] * size[1]) as i64, device)
+                .reshape([1, size[0] * size[1]]),
             fill,
         }
     }
@@ -91,10 +97,14 @@ impl<B: Backend> DeviceDraws<B> {
     /// - output: the same
     pub fn apply(&self, images: Tensor<B, 4>, at: Range<usize>) -> Tensor<B, 4> {
         let [batch, channels, h, w] = images.dims();
-        let device = images.device();
+        assert_eq!(
+            self.pixel.dims()[1],
+            h * w,
+            "augmentation draws made for another image size"
+        );
         let column = |t: &Tensor<B, 1, Int>| t.clone().slice(at.clone()).reshape([batch, 1]);
         let (dy, dx, flip) = (column(&self.dy), column(&self.dx), column(&self.flip));
-        let pixel = Tensor::<B, 1, Int>::arange(0..(h * w) as i64, &device).reshape([1, h * w]);
+        let pixel = self.pixel.clone();
         let ys = pixel.clone().div_scalar(w as i64); // [1, h*w]
         let xs = pixel.remainder_scalar(w as i64);
         // x' = x + flip * (w - 1 - 2x)
@@ -155,7 +165,7 @@ mod tests {
         let device = Default::default();
         let images =
             Tensor::<TB, 4>::from_data(TensorData::new(pixels.clone(), [batch, channels, h, w]), &device);
-        let on_device = DeviceDraws::<TB>::upload(&draws, -0.5, &device);
+        let on_device = DeviceDraws::<TB>::upload(&draws, -0.5, [h, w], &device);
         // The batch is positions 1..4 of the epoch.
         let moved: Vec<f32> = on_device.apply(images, 1..4).into_data().to_vec().unwrap();
         for b in 0..batch {

@@ -119,8 +119,9 @@ pub fn epoch_permutation(seed: u64, epoch: usize, len: usize) -> Vec<usize> {
 pub fn init_model<B: Backend>(config: &TrainConfig, device: &B::Device) -> Model<B> {
     B::seed(device, config.seed);
     let model = config.model.init::<B>(device);
-    // burn draws parameters lazily, on first use; drawing them now keeps the initial weights
-    // independent of whatever random numbers the first forward pass consumes (dropout).
+    // burn draws parameters lazily, on first use; drawing them now, right after seeding, keeps
+    // the initial weights a function of the seed alone, whatever else draws from the backend's
+    // generator later (dropout does not: its masks are keyed per step).
     model.visit(&mut Materialize);
     model
 }
@@ -195,13 +196,124 @@ pub enum EpochEnd {
     },
 }
 
+/// Value of [`EpochSteps`]' first-bad-step tensor while every loss has been finite.
+const NO_BAD_STEP: f32 = f32::MAX;
+
+/// The steps of one training epoch exactly as `ember train` runs them, so that `ember bench`
+/// times the same work: the epoch's permutation (from `(seed, epoch)`) and augmentation draws
+/// uploaded once, then per step a gather on the device, the step's dropout key (a host-side
+/// integer from `(seed, global step)`, see [`ember_kernels::begin_dropout_step`]), the optimizer
+/// step, and the running loss sum and non-finite check kept on the device. Nothing in
+/// [`EpochSteps::step`] reads from the device, uploads, or synchronises it.
+pub struct EpochSteps<'a, B: AutodiffBackend> {
+    train: &'a DeviceSplit<B::InnerBackend>,
+    config: &'a TrainConfig,
+    epoch: usize,
+    order: Tensor<B::InnerBackend, 1, Int>,
+    augment: Option<DeviceDraws<B::InnerBackend>>,
+    loss_sum: Tensor<B::InnerBackend, 1>,
+    /// The first (1-based) step whose loss was NaN or infinite, or [`NO_BAD_STEP`].
+    first_bad: Tensor<B::InnerBackend, 1>,
+}
+
+impl<'a, B: AutodiffBackend> EpochSteps<'a, B> {
+    /// Epoch `epoch` (from 0) of `train`, its loss sum starting at `loss_sum` (the done steps'
+    /// of an interrupted epoch).
+    pub fn new(
+        train: &'a DeviceSplit<B::InnerBackend>,
+        config: &'a TrainConfig,
+        epoch: usize,
+        loss_sum: f64,
+    ) -> Self {
+        let device = train.images.device();
+        let len = train.len();
+        let order = indices::<B::InnerBackend>(&epoch_permutation(config.seed, epoch, len), &device);
+        let augment = (!config.augment.is_none()).then(|| {
+            let draws = config.augment.draws(config.seed, epoch, len);
+            let [_, _, h, w] = train.images.dims();
+            DeviceDraws::<B::InnerBackend>::upload(&draws, config.normalization.apply(0), [h, w], &device)
+        });
+        Self {
+            train,
+            config,
+            epoch,
+            order,
+            augment,
+            loss_sum: Tensor::from_floats([loss_sum as f32], &device),
+            first_bad: Tensor::from_floats([NO_BAD_STEP], &device),
+        }
+    }
+
+    /// Steps in the epoch; the last one is partial when the batch size does not divide the split.
+    pub fn steps(&self) -> usize {
+        self.train.len().div_ceil(self.config.batch_size)
+    }
+
+    /// The examples (positions in the epoch's order) of 0-based step `step`.
+    pub fn batch(&self, step: usize) -> std::ops::Range<usize> {
+        let begin = step * self.config.batch_size;
+        begin..(begin + self.config.batch_size).min(self.train.len())
+    }
+
+    /// Runs 0-based step `step` of the epoch, the run's optimizer step `global_step`, at the rate
+    /// (and momentum) `schedule` gives it. Returns the updated model and the batch's mean loss,
+    /// still on the device.
+    pub fn step(
+        &mut self,
+        model: Model<B>,
+        optim: &mut Optimizer<Model<B>, B>,
+        schedule: &RunSchedule,
+        step: usize,
+        global_step: usize,
+    ) -> (Model<B>, Tensor<B::InnerBackend, 1>) {
+        let batch = self.batch(step);
+        let (mut images, targets) = self.train.gather(self.order.clone().slice(batch.clone()));
+        if let Some(augment) = &self.augment {
+            images = augment.apply(images, batch);
+        }
+        ember_kernels::begin_dropout_step(step_seed(self.config.seed, global_step));
+        let hyper = schedule.at(self.epoch, global_step);
+        if let Some(momentum) = hyper.momentum {
+            optim.optim().set_momentum(momentum);
+        }
+        let (model, batch_loss) = train_step(
+            model,
+            optim,
+            images,
+            targets,
+            hyper.lr,
+            self.config.label_smoothing,
+        );
+        // x - x is NaN exactly when x is NaN or infinite.
+        let non_finite = batch_loss.clone().sub(batch_loss.clone()).is_nan();
+        let unset = self.first_bad.clone().equal_elem(NO_BAD_STEP);
+        self.first_bad = self
+            .first_bad
+            .clone()
+            .mask_fill(non_finite.bool_and(unset), (step + 1) as f32);
+        self.loss_sum = self.loss_sum.clone() + batch_loss.clone();
+        (model, batch_loss)
+    }
+
+    /// The first (1-based) step whose loss was not finite, if any (a device read).
+    pub fn first_bad_step(&self) -> Option<usize> {
+        let step = scalar(self.first_bad.clone());
+        (step < NO_BAD_STEP as f64).then_some(step as usize)
+    }
+
+    /// The sum of the batch losses so far (a device read).
+    pub fn loss_sum(&self) -> f64 {
+        scalar(self.loss_sum.clone())
+    }
+}
+
 /// Trains `model` for epoch `control.from.epoch`, from its first step not yet done on, each step
-/// at the learning rate (and momentum) `schedule` gives it.
+/// at the learning rate (and momentum) `schedule` gives it, through [`EpochSteps`].
 ///
-/// Each step reseeds the backend's generator from `(seed, global step)` before drawing dropout
-/// masks, and the epoch's order comes from `(seed, epoch)`: resuming at any step boundary
-/// reproduces the uninterrupted run. Non-finite losses are caught on the device (the first bad
-/// step is kept in a one-element tensor) and read at the checks, so no step waits for the host.
+/// Dropout masks are keyed by `(seed, global step)` and the epoch's order comes from
+/// `(seed, epoch)`: resuming at any step boundary reproduces the uninterrupted run. Non-finite
+/// losses are caught on the device (the first bad step is kept in a one-element tensor) and read
+/// at the checks, so between checks no step waits for the device.
 pub fn train_epoch<B: AutodiffBackend>(
     mut model: Model<B>,
     optim: &mut Optimizer<Model<B>, B>,
@@ -210,57 +322,26 @@ pub fn train_epoch<B: AutodiffBackend>(
     schedule: &RunSchedule,
     control: EpochControl<'_>,
 ) -> (Model<B>, EpochEnd) {
-    const NONE: f32 = f32::MAX;
     let from = control.from;
     let epoch = from.epoch;
-    let device = train.images.device();
     let start = Instant::now();
     let len = train.len();
-    let order = indices::<B::InnerBackend>(&epoch_permutation(config.seed, epoch, len), &device);
-    let augment = (!config.augment.is_none()).then(|| {
-        let draws = config.augment.draws(config.seed, epoch, len);
-        DeviceDraws::<B::InnerBackend>::upload(&draws, config.normalization.apply(0), &device)
-    });
-    let steps = len.div_ceil(config.batch_size);
-    let mut loss_sum = Tensor::<B::InnerBackend, 1>::from_floats([from.partial_loss_sum as f32], &device);
-    let mut first_bad = Tensor::<B::InnerBackend, 1>::from_floats([NONE], &device);
-    let bad_step = |first_bad: &Tensor<B::InnerBackend, 1>| {
-        let step = scalar(first_bad.clone());
-        (step < NONE as f64).then_some(step as usize)
-    };
+    let mut run = EpochSteps::<B>::new(train, config, epoch, from.partial_loss_sum);
+    let steps = run.steps();
     for step in from.step_in_epoch..steps {
-        let begin = step * config.batch_size;
-        let end = (begin + config.batch_size).min(len);
-        let (mut images, targets) = train.gather(order.clone().slice(begin..end));
-        if let Some(augment) = &augment {
-            images = augment.apply(images, begin..end);
-        }
-        let global_step = from.global_step_at(step);
-        // Dropout draws from the backend's generator; `Autodiff` forwards seeding to its inner backend.
-        B::InnerBackend::seed(&device, step_seed(config.seed, global_step));
-        let hyper = schedule.at(epoch, global_step);
-        if let Some(momentum) = hyper.momentum {
-            optim.optim().set_momentum(momentum);
-        }
-        let (trained, batch_loss) =
-            train_step(model, optim, images, targets, hyper.lr, config.label_smoothing);
+        let (trained, batch_loss) = run.step(model, optim, schedule, step, from.global_step_at(step));
         model = trained;
-        // x - x is NaN exactly when x is NaN or infinite.
-        let non_finite = batch_loss.clone().sub(batch_loss.clone()).is_nan();
-        let unset = first_bad.clone().equal_elem(NONE);
-        first_bad = first_bad.mask_fill(non_finite.bool_and(unset), (step + 1) as f32);
         let check = control.check_every > 0 && (step + 1) % control.check_every == 0;
         (control.on_step)(StepInfo {
             epoch,
             step: step + 1,
             steps,
-            seen: end,
+            seen: run.batch(step).end,
             total: len,
-            loss: check.then(|| scalar(batch_loss.clone())),
+            loss: check.then(|| scalar(batch_loss)),
         });
-        loss_sum = loss_sum + batch_loss;
         if check {
-            if let Some(step) = bad_step(&first_bad) {
+            if let Some(step) = run.first_bad_step() {
                 return (model, EpochEnd::NonFinite { step, steps });
             }
         }
@@ -270,16 +351,16 @@ pub fn train_epoch<B: AutodiffBackend>(
                 model,
                 EpochEnd::Stopped {
                     steps_done: step + 1,
-                    loss_sum: scalar(loss_sum),
+                    loss_sum: run.loss_sum(),
                     seconds,
                 },
             );
         }
     }
-    if let Some(step) = bad_step(&first_bad) {
+    if let Some(step) = run.first_bad_step() {
         return (model, EpochEnd::NonFinite { step, steps });
     }
-    let loss = scalar(loss_sum) / steps as f64;
+    let loss = run.loss_sum() / steps as f64;
     let stats = EpochStats {
         loss,
         steps,

@@ -397,22 +397,6 @@ pub(crate) fn optim_update<B: Backend, const D: usize>(
     (param, (keep(first, 0), keep(second, 1)))
 }
 
-/// A key for one dropout mask, drawn from flex's generator (4 x 16 bits), so that
-/// `Backend::seed` makes masks reproducible exactly as it does burn's own dropout.
-fn dropout_key() -> u64 {
-    let draws = Tensor::<Flex, 1>::random(
-        [4],
-        burn::tensor::Distribution::Uniform(0.0, 65536.0),
-        &Default::default(),
-    )
-    .into_data()
-    .to_vec::<f32>()
-    .expect("f32 draws");
-    draws
-        .iter()
-        .fold(0u64, |key, &d| (key << 16) | (d.clamp(0.0, 65535.0) as u64))
-}
-
 /// burn's `Dropout` (drop probability `prob`, in `(0, 1]`) on `Autodiff<Flex>`, with its mask
 /// from [`cpu::dropout`].
 pub(crate) fn dropout<B: Backend, const D: usize>(x: Tensor<B, D>, prob: f64) -> Tensor<B, D> {
@@ -420,7 +404,7 @@ pub(crate) fn dropout<B: Backend, const D: usize>(x: Tensor<B, D>, prob: f64) ->
     let x = ad_prim(x);
     let keep = 1.0 - prob;
     let mask = DropoutMask {
-        key: dropout_key(),
+        key: crate::next_dropout_key(),
         keep,
     };
     let scale = (1.0 / keep) as f32;

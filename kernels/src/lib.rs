@@ -21,6 +21,7 @@ use burn::tensor::{activation, module};
 use burn::tensor::{DType, Tensor};
 
 pub mod cpu;
+mod dropout;
 #[cfg(feature = "flex")]
 mod flex;
 pub mod nn;
@@ -30,6 +31,7 @@ pub use cpu::batch_norm::BnShape;
 pub use cpu::conv::{ConvShape, PadMode};
 pub use cpu::linear::LinearShape;
 pub use cpu::pool::PoolShape;
+pub use dropout::{begin_dropout_step, keep_mask, keyed_dropout, next_dropout_key, MAX_MASK_ELEMENTS};
 
 /// Stride and symmetric padding of a 2-D convolution (dilation 1, one group), and whether a
 /// ReLU follows it.

@@ -135,9 +135,11 @@ pub fn max_pool2d<B: Backend>(pool: &MaxPool2d, x: Tensor<B, 4>) -> Tensor<B, 4>
     }
 }
 
-/// `dropout.forward(x)`: on `Autodiff<Flex>` with the kernels, its mask comes from
+/// `dropout.forward(x)` with its mask keyed by the training step ([`crate::begin_dropout_step`])
+/// instead of the backend's generator: on `Autodiff<Flex>` with the kernels it comes from
 /// [`crate::cpu::dropout`] (built in parallel, no global lock, not stored for the backward pass);
-/// elsewhere it is burn's own op. Without autodiff it is the identity, as in burn.
+/// elsewhere from [`crate::keep_mask`], on the device. Without autodiff it is the identity, as
+/// in burn.
 ///
 /// # Shapes
 /// - `x`: any
@@ -151,5 +153,5 @@ pub fn dropout<B: Backend, const D: usize>(dropout: &Dropout, x: Tensor<B, D>) -
     {
         return crate::flex::dropout(x, dropout.prob);
     }
-    dropout.forward(x)
+    crate::keyed_dropout(x, dropout.prob)
 }

@@ -319,16 +319,16 @@ fn inference_backend_runs_the_kernels() {
 
 /// Dropout on `Autodiff<Flex>` (the kernels' mask) does what burn's `Dropout` does with its own
 /// mask: each element is `x * scale` or 0, about `keep` of them kept, the gradient passes
-/// `scale` exactly where the element was kept; the same seed gives the same mask; inference is
-/// the identity.
+/// `scale` exactly where the element was kept; the same step key gives the same mask
+/// (`begin_dropout_step`, not the backend's generator); inference is the identity.
 #[test]
 fn dropout_keeps_scales_and_routes_the_gradient_like_burns() {
     use burn::nn::DropoutConfig;
     let device = Default::default();
     let dropout = DropoutConfig::new(0.3).init();
     let (keep, scale) = (0.7f64, (1.0 / 0.7f64) as f32);
-    let run = |seed: u64| {
-        Fast::seed(&device, seed);
+    let run = |key: u64| {
+        ember_kernels::begin_dropout_step(key);
         let x = Tensor::<Fast, 2>::from_data(
             TensorData::new(
                 (0..64 * 1024).map(|i| 1.0 + (i % 5) as f32).collect::<Vec<_>>(),
@@ -360,8 +360,8 @@ fn dropout_keeps_scales_and_routes_the_gradient_like_burns() {
     let n = x.len() as f64;
     let sd = (n * keep * (1.0 - keep)).sqrt();
     assert!((kept as f64 - n * keep).abs() < 6.0 * sd, "kept {kept} of {n}");
-    assert_eq!(run(5).1, y, "same seed, same mask");
-    assert_ne!(run(6).1, y, "another seed, another mask");
+    assert_eq!(run(5).1, y, "same key, same mask");
+    assert_ne!(run(6).1, y, "another key, another mask");
     let inference = Tensor::<Flex, 2>::ones([4, 8], &device);
     assert_eq!(
         ember_kernels::nn::dropout(&dropout, inference.clone()).into_data(),

@@ -1,5 +1,5 @@
 use burn::module::Module;
-use burn::tensor::{backend::Backend, Distribution, Tensor};
+use burn::tensor::{backend::Backend, Tensor};
 
 /// PyTorch's `Dropout2d`: zeroes whole channels of a `[batch, channels, h, w]` tensor with
 /// probability `prob` and scales the kept ones by `1 / (1 - prob)`.
@@ -32,10 +32,12 @@ impl ChannelDropout {
         }
         let [batch, channels, _, _] = input.dims();
         let keep = 1.0 - self.prob;
-        // One draw per (sample, channel), broadcast over the feature map.
-        let mask = Tensor::<B, 4>::random(
+        // One draw per (sample, channel), broadcast over the feature map, keyed by the training
+        // step (`ember_kernels::begin_dropout_step`) rather than the backend's generator.
+        let mask = ember_kernels::keep_mask::<B, 4>(
             [batch, channels, 1, 1],
-            Distribution::Bernoulli(keep),
+            ember_kernels::next_dropout_key(),
+            keep,
             &input.device(),
         )
         .mul_scalar(1.0 / keep);
@@ -51,7 +53,7 @@ mod tests {
     #[test]
     fn drops_whole_channels_and_rescales_the_rest() {
         let device = Default::default();
-        TestAutodiff::seed(&device, 7);
+        ember_kernels::begin_dropout_step(7);
         let x = Tensor::<TestAutodiff, 4>::ones([8, 16, 5, 5], &device);
         let y = ChannelDropout::new(0.25).forward(x);
         let data = y.into_data().to_vec::<f32>().unwrap();
