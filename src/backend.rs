@@ -37,6 +37,12 @@ pub enum BackendError {
     DriverInit { device: DeviceArg, reason: String },
     #[error("--device {device}: this machine has {count} CUDA device(s)")]
     NoSuchDevice { device: DeviceArg, count: usize },
+    #[error("--device {device}: NVRTC (libnvrtc.so) could not be loaded; burn's CUDA backend compiles every kernel with it at run time: install the CUDA toolkit's NVRTC or add its lib folder to LD_LIBRARY_PATH")]
+    NoNvrtc { device: DeviceArg },
+    #[error("--device {device}: no CUDA headers at {looked}; burn's CUDA kernels include them when compiled at run time: set CUDA_PATH to the CUDA toolkit's folder")]
+    NoCudaHeaders { device: DeviceArg, looked: String },
+    #[error("--device {device}: a test convolution on the GPU failed: {reason}")]
+    Smoke { device: DeviceArg, reason: String },
 }
 
 /// A `--device` value.
@@ -144,22 +150,39 @@ pub fn dispatch<T: BackendTask>(arg: DeviceArg, task: T) -> Result<T::Output, Ba
             },
         )),
         #[cfg(feature = "cuda")]
-        Resolved::Cuda { index, name } => Ok(task.run::<Autodiff<Gpu>>(
-            burn::backend::cuda::CudaDevice::new(index),
-            DeviceInfo {
-                backend: "cuda",
-                device: format!("cuda:{index} ({name})"),
-                cuda: Some(index),
-            },
-        )),
+        Resolved::Cuda { index, name } => {
+            cuda::configure_caches();
+            Ok(task.run::<Autodiff<Gpu>>(
+                burn::backend::cuda::CudaDevice::new(index),
+                DeviceInfo {
+                    backend: "cuda",
+                    device: format!("cuda:{index} ({name})"),
+                    cuda: Some(index),
+                },
+            ))
+        }
         #[cfg(not(feature = "cuda"))]
         Resolved::Cuda { .. } => unreachable!("resolve() only yields CUDA devices when compiled with CUDA"),
     }
 }
 
+/// What `ember info` reports of the CUDA toolkit a run uses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Toolkit {
+    /// The CUDA headers burn's kernels are compiled against.
+    pub headers: std::path::PathBuf,
+    /// NVRTC's version (major, minor).
+    pub nvrtc: (i32, i32),
+    /// The newest CUDA version the driver supports (major, minor).
+    pub driver_cuda: (i32, i32),
+}
+
+#[cfg(feature = "cuda")]
+pub use cuda::{toolkit, total_memory};
+
 #[cfg(feature = "cuda")]
 mod cuda {
-    use super::{BackendError, DeviceArg, Resolved};
+    use super::{BackendError, DeviceArg, Resolved, Toolkit};
     use cudarc::driver::result;
 
     /// Asks the driver, without panicking, whether CUDA device `index` exists.
@@ -179,7 +202,69 @@ mod cuda {
         }
         let dev = result::device::get(index as i32).map_err(init)?;
         let name = result::device::get_name(dev).map_err(init)?;
+        toolkit(arg)?;
         Ok(Resolved::Cuda { index, name })
+    }
+
+    /// The CUDA toolkit pieces a run needs besides the driver, as burn's CUDA backend finds
+    /// them: NVRTC, and the headers its kernels include (cubecl-cuda 0.10 `install::cuda_path`:
+    /// `CUDA_PATH`, then /usr/local/cuda, /opt/cuda, /usr). Without them the first kernel
+    /// panics; here each is a one-line error before any work.
+    pub fn toolkit(arg: DeviceArg) -> Result<Toolkit, BackendError> {
+        // SAFETY: only loads the library to see whether it is there.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(BackendError::NoNvrtc { device: arg });
+        }
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: NVRTC is loaded (checked above); the pointers are to live locals.
+        unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+        let looked = || match std::env::var("CUDA_PATH") {
+            Ok(path) => format!("CUDA_PATH={path}/include"),
+            Err(_) => "CUDA_PATH (unset), /usr/local/cuda, /opt/cuda, /usr/bin/nvcc".to_string(),
+        };
+        let root = cubecl::cuda::install::cuda_path().ok_or_else(|| BackendError::NoCudaHeaders {
+            device: arg,
+            looked: looked(),
+        })?;
+        let headers = root.join("include");
+        if !headers.join("cuda_runtime.h").is_file() {
+            return Err(BackendError::NoCudaHeaders {
+                device: arg,
+                looked: format!("{} (no cuda_runtime.h)", headers.display()),
+            });
+        }
+        let mut driver = 0;
+        // SAFETY: the driver is loaded and initialised (probe_checked); a live local.
+        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
+        Ok(Toolkit {
+            headers,
+            nvrtc: (major, minor),
+            driver_cuda: (driver / 1000, (driver % 1000) / 10),
+        })
+    }
+
+    /// Turns on cubecl's on-disk cache of compiled kernels (off by default in cubecl 0.10; its
+    /// autotune cache is on), so that a second process, a benchmark after a preflight, neither
+    /// recompiles nor retunes. A `cubecl.toml`/`burn.toml` or `CUBECL_*` variable that sets the
+    /// cache wins. Once per process, before burn's CUDA backend first runs.
+    pub fn configure_caches() {
+        use cubecl::config::cache::CacheConfig;
+        use cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
+            if config.compilation.cache.is_none() {
+                config.compilation.cache = Some(CacheConfig::Target);
+            }
+            CubeClRuntimeConfig::set(config);
+        });
+    }
+
+    /// Total memory of CUDA device `index`, in bytes.
+    pub fn total_memory(index: usize) -> Option<usize> {
+        let dev = result::device::get(index as i32).ok()?;
+        // SAFETY: `dev` is a valid device handle from the initialised driver.
+        unsafe { result::device::total_mem(dev) }.ok()
     }
 
     pub fn probe(index: usize) -> Option<Resolved> {

@@ -1,8 +1,10 @@
 //! `ember bench`: steady-state timings of the seed scenarios, in a JSON record that the PyTorch
 //! side (`benches/pytorch/bench.py`) writes too (`benches/schema.json`).
 //!
-//! Training: `warmup` steps, then `repeats` timed runs of `steps` consecutive steps, each ended
-//! by a device sync inside the timed region; a repeat's figure is its mean time per step.
+//! Training: the steps `ember train` runs ([`train::EpochSteps`]): `warmup` steps plus the last
+//! partial batch (the first step timed alone: on a GPU it compiles and autotunes), then `repeats`
+//! timed runs of `steps` consecutive steps, each ended by a device sync inside the timed region;
+//! a repeat's figure is its mean time per step.
 //! Evaluation: the 10,000 test images in batches of 1,000, one untimed pass, then
 //! `eval_repeats` timed passes, with the initial weights and again with the weights after the
 //! training steps (the two can differ in speed, e.g. through denormals or sparsity on CPUs).
@@ -16,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::DeviceInfo;
 use crate::config::{Recipe, TrainConfig};
-use crate::data::{indices, Mnist};
+use crate::data::Mnist;
 use crate::gpu::GpuMonitor;
 use crate::train::{self, Splits};
 
@@ -31,6 +33,10 @@ pub enum Scenario {
     Net64,
     /// PytorchExampleNet, batch 256, Adadelta.
     Net256,
+    /// PytorchExampleNet, batch 1024, Adadelta: a batch that fills a GPU.
+    Net1024,
+    /// PytorchExampleNet, batch 4096, Adadelta.
+    Net4096,
     /// TchNet, batch 256, Adam (the tch-rs port).
     Tch256,
     /// FlashlightCnn, batch 64, SGD (flashlight's example).
@@ -42,6 +48,8 @@ impl Scenario {
         match self {
             Self::Net64 => "net64",
             Self::Net256 => "net256",
+            Self::Net1024 => "net1024",
+            Self::Net4096 => "net4096",
             Self::Tch256 => "tch256",
             Self::Flash64 => "flash64",
         }
@@ -52,6 +60,8 @@ impl Scenario {
         let (recipe, batch_size) = match self {
             Self::Net64 => (Recipe::PytorchExample, 64),
             Self::Net256 => (Recipe::PytorchExample, 256),
+            Self::Net1024 => (Recipe::PytorchExample, 1024),
+            Self::Net4096 => (Recipe::PytorchExample, 4096),
             Self::Tch256 => (Recipe::Tch, 256),
             Self::Flash64 => (Recipe::Flashlight, 64),
         };
@@ -142,9 +152,10 @@ pub struct EvalRecord {
 pub struct MemoryRecord {
     /// Peak resident set size of the process (VmHWM / ru_maxrss).
     pub peak_rss_bytes: u64,
-    /// Peak bytes reserved by the framework's device memory pool (GPU only).
+    /// Peak bytes reserved by the framework's device memory pool (GPU only; ember reads burn's
+    /// pool at its sync points, PyTorch `max_memory_reserved`).
     pub device_pool_bytes: Option<u64>,
-    /// Peak device memory in use as NVML reports it (GPU only).
+    /// Peak device memory NVML reports in use, minus its reading before the run (GPU only).
     pub device_used_bytes: Option<u64>,
 }
 
@@ -176,6 +187,10 @@ pub struct BenchRecord {
     pub threads: usize,
     pub batch_size: usize,
     pub dtype: String,
+    /// The arithmetic of matmuls and convolutions: "f32", "tf32" (TF32 tensor cores allowed for
+    /// both) or "tf32-conv" (PyTorch's CUDA default: convolutions only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<String>,
     pub warmup_steps: usize,
     pub timed_steps: usize,
     pub repeats: usize,
@@ -196,6 +211,13 @@ pub struct BenchRecord {
     /// same process after the timings (`ember_kernels::cpu::peak`), against which `achieved_tflops` is a fraction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_gemm_peak_gflops: Option<f64>,
+    /// The first warm-up step, in milliseconds, device synchronised: on a GPU it includes
+    /// compiling and autotuning the step's kernels (absent from the PyTorch side's records).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_step_ms: Option<f64>,
+    /// All of the warm-up (every batch shape timed later, the last partial batch included).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup_seconds: Option<f64>,
     pub host: String,
     pub timestamp: String,
 }
@@ -222,6 +244,10 @@ impl BenchRecord {
                 .map(|u| format!("  gpu {:.0}% (p10 {:.0}%)", u.mean_percent, u.p10_percent))
                 .unwrap_or_default(),
         ) + &self
+            .first_step_ms
+            .map(|ms| format!("  first step {ms:.0} ms"))
+            .unwrap_or_default()
+            + &self
             .cpu_gemm_peak_gflops
             .map(|peak| {
                 let gflops = self.achieved_tflops * 1e3;
@@ -244,7 +270,7 @@ pub fn peak_rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-fn host_name() -> String {
+pub(crate) fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())
@@ -257,7 +283,7 @@ pub fn run<B: AutodiffBackend>(
     data: &Mnist,
     device: &B::Device,
     info: &DeviceInfo,
-    gpu: Option<GpuMonitor>,
+    mut gpu: Option<GpuMonitor>,
 ) -> BenchRecord {
     let config = scenario.config();
     let splits = Splits::<B::InnerBackend>::upload(data, &config, device).expect("valid split");
@@ -265,31 +291,49 @@ pub fn run<B: AutodiffBackend>(
     let mut optim = config.optimizer.init::<B, _>();
     let untrained = eval_throughput(&model.valid(), &splits, settings.eval_repeats);
 
-    // Batches come from the epoch-0 permutation, wrapping around, as in training.
-    let order = train::epoch_permutation(config.seed, 0, splits.train.len());
+    // The steps `ember train` runs (`EpochSteps`: the same permutation upload, gathers, dropout
+    // keys, schedule and on-device loss bookkeeping), through epoch 0's full batches, wrapping
+    // around. Warm-up runs every batch shape timed later, the last partial batch included (the
+    // full epoch runs it), so that no compilation or autotuning lands in a timed region.
     let batch = config.batch_size;
+    let schedule = config.schedule(splits.train.len().div_ceil(batch));
+    let mut steps = train::EpochSteps::<B>::new(&splits.train, &config, 0, 0.0);
+    let full_steps = splits.train.len() / config.batch_size;
+    assert!(full_steps > 0, "the training split is smaller than one batch");
     let mut next = 0usize;
     let mut step = |model: crate::model::Model<B>, optim: &mut crate::optim::Optimizer<_, B>| {
-        let idx: Vec<usize> = (0..batch).map(|i| order[(next + i) % order.len()]).collect();
-        next = (next + batch) % order.len();
-        let (images, targets) = splits.train.gather(indices::<B::InnerBackend>(&idx, device));
-        train::train_step(model, optim, images, targets, config.lr, config.label_smoothing)
+        let index = next % full_steps;
+        next += 1;
+        steps.step(model, optim, &schedule, index, index).0
     };
-    for _ in 0..settings.warmup_steps {
-        model = step(model, &mut optim).0;
+    let warmup_start = Instant::now();
+    model = step(model, &mut optim);
+    sync::<B>(device);
+    let first_step_ms = warmup_start.elapsed().as_secs_f64() * 1e3;
+    for _ in 1..settings.warmup_steps {
+        model = step(model, &mut optim);
+    }
+    let partial = splits.train.len() % config.batch_size != 0;
+    if partial {
+        let last = splits.train.len() / config.batch_size;
+        let mut last_steps = train::EpochSteps::<B>::new(&splits.train, &config, 0, 0.0);
+        model = last_steps.step(model, &mut optim, &schedule, last, last).0;
     }
     sync::<B>(device);
-    let monitor = gpu.map(GpuMonitor::start);
+    let warmup_seconds = warmup_start.elapsed().as_secs_f64();
+    if let Some(gpu) = &mut gpu {
+        gpu.read_pool();
+        gpu.timing(true);
+    }
     let mut step_ms = Vec::with_capacity(settings.repeats);
     for _ in 0..settings.repeats {
         let start = Instant::now();
         for _ in 0..settings.timed_steps {
-            model = step(model, &mut optim).0;
+            model = step(model, &mut optim);
         }
         sync::<B>(device);
         step_ms.push(start.elapsed().as_secs_f64() * 1e3 / settings.timed_steps as f64);
     }
-    let gpu_samples = monitor.map(|m| m.stop());
     let train_step_ms = Stats::of(step_ms);
     let steps_per_epoch = splits.train.len().div_ceil(batch);
     let (epoch_seconds, epoch_measured) = if settings.full_epoch {
@@ -302,7 +346,15 @@ pub fn run<B: AutodiffBackend>(
     } else {
         (train_step_ms.median * steps_per_epoch as f64 / 1e3, false)
     };
+    if let Some(gpu) = &mut gpu {
+        gpu.read_pool();
+        gpu.timing(false);
+    }
     let trained = eval_throughput(&model.valid(), &splits, settings.eval_repeats);
+    let gpu_samples = gpu.map(GpuMonitor::stop);
+    if let Some(g) = &gpu_samples {
+        eprintln!("NVML device matched by {}", g.matched_by);
+    }
 
     let images_per_sec = batch as f64 / (train_step_ms.median / 1e3);
     let flops = 6.0 * config.model.forward_macs_per_image() as f64;
@@ -319,6 +371,10 @@ pub fn run<B: AutodiffBackend>(
         threads: crate::backend::cpu_threads(),
         batch_size: batch,
         dtype: "f32".into(),
+        // cubek-matmul 0.2 (`definition/blueprint.rs`) stages f32 operands as TF32 in its
+        // tensor-core algorithms whenever the device supports TF32; autotune may pick them for
+        // any matmul or convolution.
+        precision: Some(if info.cuda.is_some() { "tf32" } else { "f32" }.into()),
         warmup_steps: settings.warmup_steps,
         timed_steps: settings.timed_steps,
         repeats: settings.repeats,
@@ -334,7 +390,7 @@ pub fn run<B: AutodiffBackend>(
         memory: MemoryRecord {
             peak_rss_bytes: peak_rss_bytes(),
             device_pool_bytes: gpu_samples.as_ref().and_then(|g| g.pool_bytes),
-            device_used_bytes: gpu_samples.as_ref().map(|g| g.used_bytes_max),
+            device_used_bytes: gpu_samples.as_ref().map(|g| g.used_bytes_peak),
         },
         gpu_utilization: gpu_samples.as_ref().map(|g| UtilizationRecord {
             interval_ms: g.interval_ms,
@@ -353,6 +409,8 @@ pub fn run<B: AutodiffBackend>(
             .is_none()
             .then(ember_kernels::cpu::peak::gemm_peak_gflops),
         train_step_ms,
+        first_step_ms: Some(first_step_ms),
+        warmup_seconds: Some(warmup_seconds),
         host: host_name(),
         timestamp: crate::files::utc_stamp(std::time::SystemTime::now()),
     }

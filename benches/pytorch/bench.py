@@ -10,13 +10,17 @@ Modes:
                shuffle, and on CUDA num_workers=1, pin_memory=True. flash*: flashlight's
                example, a batch loader over a pre-normalised tensor, no shuffle.
   preloaded    the whole split on the device, each batch index-selected there (what ember does).
+  preloaded-tf32   preloaded with TF32 allowed for matmuls and convolutions, ember's precision
+               on CUDA (PyTorch's default allows it for convolutions only) (CUDA only).
   preloaded-cudnn-benchmark   the same with torch.backends.cudnn.benchmark = True (CUDA only).
 
 Training steps: warm-up, then `repeats` runs of `steps` steps, each ended by a device sync;
 a run's figure is its mean time per step. Evaluation: 10,000 test images in batches of 1,000,
 one untimed pass, then timed passes, with the initial and with the trained weights.
 Needs torch and numpy; torchvision for the net*/tch* dataloader mode; nvidia-ml-py (pynvml)
-for GPU utilisation, which is then recorded as null if missing.
+for GPU utilisation, which is then recorded as null if missing. Device memory: NVML's peak
+"used" over the whole run minus its reading before CUDA starts (the device found by PCI bus id),
+and torch's max_memory_reserved.
 """
 import argparse
 import datetime
@@ -44,6 +48,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCENARIOS = {
     "net64": ("pytorch-example-net", 64),
     "net256": ("pytorch-example-net", 256),
+    "net1024": ("pytorch-example-net", 1024),
+    "net4096": ("pytorch-example-net", 4096),
     "tch256": ("tch-net", 256),
     "flash64": ("flashlight-cnn", 64),
 }
@@ -65,20 +71,34 @@ def quantile(samples, q):
 
 
 class GpuSampler:
-    """NVML utilisation and used memory every 100 ms, like ember's GpuMonitor."""
+    """NVML every 100 ms from before CUDA starts to the end, like ember's GpuMonitor: peak used
+    memory minus the first reading, and utilisation while `timing` is set."""
 
     def __init__(self, index):
         import pynvml
         pynvml.nvmlInit()
         self.nvml = pynvml
-        self.handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        self.util, self.used_max = [], 0
+        self.handle, self.matched_by = self.find(index)
+        self.start_used = pynvml.nvmlDeviceGetMemoryInfo(self.handle).used
+        self.util, self.used_max = [], self.start_used
+        self.timing = threading.Event()
         self.stop_flag = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
+    def find(self, index):
+        # CUDA orders devices by speed unless CUDA_DEVICE_ORDER=PCI_BUS_ID, NVML by PCI bus: match
+        # by bus id. Reading it needs CUDA's device properties, which do not create a context.
+        try:
+            p = torch.cuda.get_device_properties(index)
+            bus = f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+            return self.nvml.nvmlDeviceGetHandleByPciBusId_v2(bus.encode()), f"pci-bus-id {bus}"
+        except Exception:
+            return self.nvml.nvmlDeviceGetHandleByIndex(index), f"index {index}"
+
     def run(self):
         while not self.stop_flag.is_set():
-            self.util.append(float(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu))
+            if self.timing.is_set():
+                self.util.append(float(self.nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu))
             self.used_max = max(self.used_max, self.nvml.nvmlDeviceGetMemoryInfo(self.handle).used)
             time.sleep(0.1)
 
@@ -89,6 +109,18 @@ class GpuSampler:
     def stop(self):
         self.stop_flag.set()
         self.thread.join()
+
+    @property
+    def used_peak(self):
+        return self.used_max - self.start_used
+
+
+def precision(device):
+    """The schema's name for the matmul/conv arithmetic in effect."""
+    if device.type != "cuda":
+        return "f32"
+    matmul, conv = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    return "tf32" if matmul and conv else "tf32-conv" if conv else "f32"
 
 
 def sync(device):
@@ -117,7 +149,7 @@ def official_loader(data_dir, batch, device, mean, std):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", required=True, choices=SCENARIOS)
-    ap.add_argument("--mode", required=True, choices=["dataloader", "preloaded", "preloaded-cudnn-benchmark"])
+    ap.add_argument("--mode", required=True, choices=["dataloader", "preloaded", "preloaded-tf32", "preloaded-cudnn-benchmark"])
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (pin to ember's)")
     ap.add_argument("--data-dir", default=str(ROOT / "data/mnist"))
@@ -133,6 +165,17 @@ def main():
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit(f"error: --device {args.device}: PyTorch sees no CUDA device")
+    if args.mode == "preloaded-tf32":
+        if device.type != "cuda":
+            sys.exit("error: --mode preloaded-tf32 needs a CUDA device")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    sampler = None
+    if device.type == "cuda":
+        try:
+            sampler = GpuSampler(device.index or 0).start()
+        except Exception as e:  # pynvml missing or NVML failing: recorded as null
+            print(f"note: no GPU utilisation sampling ({e})", file=sys.stderr)
     if args.mode == "preloaded-cudnn-benchmark":
         if device.type != "cuda":
             sys.exit("error: --mode preloaded-cudnn-benchmark needs a CUDA device")
@@ -208,13 +251,8 @@ def main():
     for _ in range(args.warmup):
         step()
     sync(device)
-    sampler = None
-    if device.type == "cuda":
-        try:
-            sampler = GpuSampler(device.index or 0).start()
-        except Exception as e:  # pynvml missing or NVML failing: recorded as null
-            print(f"note: no GPU utilisation sampling ({e})", file=sys.stderr)
-        torch.cuda.reset_peak_memory_stats(device)
+    if sampler:
+        sampler.timing.set()
     step_ms = []
     for _ in range(args.repeats):
         t = time.perf_counter()
@@ -222,8 +260,6 @@ def main():
             step()
         sync(device)
         step_ms.append((time.perf_counter() - t) * 1e3 / args.steps)
-    if sampler:
-        sampler.stop()
     train_ms = stats(step_ms)
     steps_per_epoch = -(-len(y_train) // batch)
     if args.full_epoch:
@@ -234,7 +270,12 @@ def main():
         epoch_seconds, measured = time.perf_counter() - t, True
     else:
         epoch_seconds, measured = train_ms["median"] * steps_per_epoch / 1e3, False
+    if sampler:
+        sampler.timing.clear()
     trained = eval_throughput()
+    if sampler:
+        sampler.stop()
+        print(f"NVML device matched by {sampler.matched_by}", file=sys.stderr)
     if tmp_root:
         shutil.rmtree(tmp_root, ignore_errors=True)
 
@@ -258,6 +299,7 @@ def main():
         "threads": torch.get_num_threads(),
         "batch_size": batch,
         "dtype": "f32",
+        "precision": precision(device),
         "warmup_steps": args.warmup,
         "timed_steps": args.steps,
         "repeats": args.repeats,
@@ -275,7 +317,7 @@ def main():
             # ru_maxrss is in KiB on Linux.
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "device_pool_bytes": torch.cuda.max_memory_reserved(device) if device.type == "cuda" else None,
-            "device_used_bytes": sampler.used_max if sampler else None,
+            "device_used_bytes": sampler.used_peak if sampler else None,
         },
         "gpu_utilization": None if not sampler or not sampler.util else {
             "interval_ms": 100,
