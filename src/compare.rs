@@ -1,9 +1,14 @@
 //! `ember compare`: runs `ember bench` and `benches/pytorch/bench.py` side by side, one process
 //! per measurement (so each peak RSS is its own), and writes the comparison: `results.json`
-//! (every record), `results.md` (set-up and table), `train_step.png`, `eval.png`.
+//! (every record), `results.md` (set-up, table, and what failed), `train_step.png`, `eval.png`.
+//!
+//! A GPU is lent for minutes, so a run must yield whatever it can: the folder is rewritten after
+//! every measurement, a measurement that fails or outlives `timeout` is listed and the next one
+//! runs, none starts after the `deadline`, and PyTorch can be left out (`without_pytorch`).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
@@ -21,20 +26,34 @@ pub struct CompareOptions {
     pub data_dir: PathBuf,
     /// Results folder; default `benches/results/<date>-<host>-<device>`.
     pub out: Option<PathBuf>,
+    /// Measure ember only.
+    pub without_pytorch: bool,
+    /// The longest one measurement may run before it is killed.
+    pub timeout: Option<Duration>,
+    /// No measurement starts after this long, and none runs past it.
+    pub deadline: Option<Duration>,
 }
 
 /// PyTorch modes measured on a device kind.
 fn pytorch_modes(gpu: bool) -> &'static [&'static str] {
     if gpu {
-        &["preloaded", "preloaded-cudnn-benchmark", "dataloader"]
+        // preloaded-tf32: PyTorch at ember's precision on CUDA (TF32 matmuls and convolutions).
+        &[
+            "preloaded",
+            "preloaded-tf32",
+            "preloaded-cudnn-benchmark",
+            "dataloader",
+        ]
     } else {
         &["preloaded", "dataloader"]
     }
 }
 
-fn run_child(cmd: &mut Command, json: &Path) -> Result<BenchRecord> {
+/// Runs one measurement, killed after `limit`, and reads the record it wrote to `json`.
+fn run_child(cmd: &mut Command, json: &Path, limit: Option<Duration>) -> Result<BenchRecord> {
     let shown = format!("{cmd:?}");
-    let status = cmd.status().with_context(|| format!("cannot start {shown}"))?;
+    let child = cmd.spawn().with_context(|| format!("cannot start {shown}"))?;
+    let status = wait_at_most(child, limit).with_context(|| shown.clone())?;
     if !status.success() {
         bail!("{shown} failed ({status})");
     }
@@ -43,8 +62,40 @@ fn run_child(cmd: &mut Command, json: &Path) -> Result<BenchRecord> {
     serde_json::from_str(&text).with_context(|| format!("{}: not an ember-bench/1 record", json.display()))
 }
 
-/// Runs every measurement and writes the results folder; returns its path.
+/// Waits for `child`, killing it once `limit` has passed.
+fn wait_at_most(mut child: Child, limit: Option<Duration>) -> Result<ExitStatus> {
+    let Some(limit) = limit else {
+        return Ok(child.wait()?);
+    };
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if start.elapsed() >= limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "killed after {:.0} s (--timeout or --deadline)",
+                limit.as_secs_f64()
+            );
+        }
+        // A measurement lasts seconds to minutes: polling 10 times a second costs nothing.
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// One measurement to run: its label in results.md, its command, and where it writes its record.
+struct Measurement {
+    label: String,
+    cmd: Command,
+    json: PathBuf,
+}
+
+/// Runs every measurement, rewriting the results folder after each, and returns its path. An
+/// error after the folder is written when any measurement failed, was killed or never started.
 pub fn run(opts: &CompareOptions) -> Result<PathBuf> {
+    let started = Instant::now();
     let resolved = backend::resolve(opts.device)?;
     let (device_arg, device_slug, gpu) = match &resolved {
         Resolved::Cpu => ("cpu".to_string(), "cpu".to_string(), false),
@@ -55,10 +106,20 @@ pub fn run(opts: &CompareOptions) -> Result<PathBuf> {
             true,
         ),
     };
+    let out = match &opts.out {
+        Some(dir) => dir.clone(),
+        None => {
+            let date = crate::files::utc_stamp(std::time::SystemTime::now());
+            let day = format!("{}-{}-{}", &date[..4], &date[4..6], &date[6..8]);
+            PathBuf::from("benches/results")
+                .join(format!("{day}-{}-{device_slug}", crate::bench::host_name()))
+        }
+    };
+    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
     let threads = backend::cpu_threads();
     let exe = std::env::current_exe().context("cannot find the ember executable")?;
     let tmp = tempfile_dir()?;
-    let mut records = Vec::new();
+    let mut measurements = Vec::new();
     for &scenario in &opts.scenarios {
         let json = tmp.join(format!("ember-{}.json", scenario.name()));
         let mut cmd = Command::new(&exe);
@@ -69,8 +130,17 @@ pub fn run(opts: &CompareOptions) -> Result<PathBuf> {
             .arg("--offline")
             .arg("--json")
             .arg(&json);
-        records.push(run_child(&mut cmd, &json)?);
-        for mode in pytorch_modes(gpu) {
+        measurements.push(Measurement {
+            label: format!("{} ember", scenario.name()),
+            cmd,
+            json,
+        });
+        let modes = if opts.without_pytorch {
+            &[][..]
+        } else {
+            pytorch_modes(gpu)
+        };
+        for mode in modes {
             let json = tmp.join(format!("pytorch-{}-{mode}.json", scenario.name()));
             let mut cmd = Command::new(&opts.python);
             cmd.arg(&opts.script)
@@ -88,29 +158,77 @@ pub fn run(opts: &CompareOptions) -> Result<PathBuf> {
                 .arg(&opts.data_dir)
                 .arg("--json")
                 .arg(&json);
-            records.push(run_child(&mut cmd, &json)?);
+            measurements.push(Measurement {
+                label: format!("{} pytorch {mode}", scenario.name()),
+                cmd,
+                json,
+            });
         }
     }
-    let _ = std::fs::remove_dir_all(&tmp);
-
-    let out = match &opts.out {
-        Some(dir) => dir.clone(),
-        None => {
-            let host = records.first().map_or("host".to_string(), |r| r.host.clone());
-            let date = crate::files::utc_stamp(std::time::SystemTime::now());
-            let day = format!("{}-{}-{}", &date[..4], &date[4..6], &date[6..8]);
-            PathBuf::from("benches/results").join(format!("{day}-{host}-{device_slug}"))
+    let mut records = Vec::new();
+    let mut failures = Vec::new();
+    for mut m in measurements {
+        let left = opts.deadline.map(|d| d.saturating_sub(started.elapsed()));
+        if left == Some(Duration::ZERO) {
+            failures.push(format!("{}: not started, past the --deadline", m.label));
+            continue;
         }
-    };
-    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    let table = table(&records);
-    let setup = setup_note(&records, opts, &resolved);
-    std::fs::write(out.join("results.json"), serde_json::to_string_pretty(&records)?)?;
-    std::fs::write(out.join("results.md"), format!("{setup}\n{table}"))?;
-    charts(&out, &records)?;
-    println!("\n{table}");
+        let limit = match (opts.timeout, left) {
+            (Some(t), Some(l)) => Some(t.min(l)),
+            (t, l) => t.or(l),
+        };
+        match run_child(&mut m.cmd, &m.json, limit) {
+            Ok(record) => records.push(record),
+            Err(e) => {
+                eprintln!("compare: {}: {e:#}", m.label);
+                failures.push(format!("{}: {e:#}", m.label));
+            }
+        }
+        write_results(&out, &records, &failures, opts, &resolved)?;
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
+    if opts.without_pytorch {
+        println!("PyTorch left out (--without-pytorch): ember's records only");
+    }
+    println!("\n{}", table(&records));
     println!("results: {}", out.display());
+    if !failures.is_empty() {
+        bail!(
+            "{} measurement(s) failed or did not run (the others are in {}): {}",
+            failures.len(),
+            out.display(),
+            failures.join("; ")
+        );
+    }
     Ok(out)
+}
+
+/// `results.json`, `results.md` and the charts, from the records so far.
+fn write_results(
+    out: &Path,
+    records: &[BenchRecord],
+    failures: &[String],
+    opts: &CompareOptions,
+    resolved: &Resolved,
+) -> Result<()> {
+    let json = out.join("results.json");
+    std::fs::write(&json, serde_json::to_string_pretty(records)?)
+        .with_context(|| format!("cannot write {}", json.display()))?;
+    let mut md = format!("{}\n{}", setup_note(records, opts, resolved), table(records));
+    if opts.without_pytorch {
+        md += "\nPyTorch was left out (`--without-pytorch`): the table has ember's figures only.\n";
+    }
+    if !failures.is_empty() {
+        md += "\n## Measurements that failed or did not run\n\n";
+        for f in failures {
+            md += &format!("- {f}\n");
+        }
+    }
+    std::fs::write(out.join("results.md"), md)?;
+    if !records.is_empty() {
+        charts(out, records)?;
+    }
+    Ok(())
 }
 
 /// The measurement flags, spelled the same by `ember bench` and bench.py.
@@ -183,11 +301,11 @@ pub fn table(records: &[BenchRecord]) -> String {
          | scenario | ember step ms | PyTorch preloaded ms | ratio (min–max) | PyTorch dataloader ms | ratio (min–max) | eval img/s ember / PyTorch (untrained) | eval img/s ember / PyTorch (trained) | peak RSS MiB ember / PyTorch |",
     );
     if gpu {
-        s += " GPU util % ember / PyTorch (p10) | GPU memory MiB ember / PyTorch |";
+        s += " PyTorch preloaded TF32 ms | ratio (min–max) | GPU util % ember / PyTorch (p10) | peak GPU memory MiB (NVML) ember / PyTorch |";
     }
     s += "\n|---|---|---|---|---|---|---|---|---|";
     if gpu {
-        s += "---|---|";
+        s += "---|---|---|---|";
     }
     s += "\n";
     for sc in scenarios(records) {
@@ -238,8 +356,9 @@ pub fn table(records: &[BenchRecord]) -> String {
                 r.and_then(|r| r.memory.device_used_bytes)
                     .map_or("–".to_string(), |b| format!("{:.0}", mib(b)))
             };
+            let (tf32, tf32_r) = cell("preloaded-tf32");
             s += &format!(
-                " {} / {} | {} / {} |",
+                " {tf32} | {tf32_r} | {} / {} | {} / {} |",
                 util(Some(e)),
                 util(p),
                 mem(Some(e)),
@@ -326,4 +445,22 @@ fn charts(out: &Path, records: &[BenchRecord]) -> Result<()> {
         &series(|r| r.eval.trained_images_per_sec.median),
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_past_its_limit_is_killed() {
+        let start = Instant::now();
+        let child = Command::new("sleep").arg("600").spawn().unwrap();
+        let err = wait_at_most(child, Some(Duration::from_millis(300))).unwrap_err();
+        assert!(err.to_string().starts_with("killed after 0 s"), "{err}");
+        assert!(start.elapsed() < Duration::from_secs(30));
+        let quick = Command::new("true").spawn().unwrap();
+        assert!(wait_at_most(quick, Some(Duration::from_secs(60)))
+            .unwrap()
+            .success());
+    }
 }

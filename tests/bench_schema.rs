@@ -111,3 +111,80 @@ fn committed_results_of_both_frameworks_match_the_schema() {
         assert_eq!(frameworks.into_iter().collect::<Vec<_>>(), ["ember", "pytorch"]);
     }
 }
+
+/// `ember compare` with its quickest settings on net64, on the CPU, into `out`.
+fn quick_compare(out: &Path, extra: &[&str]) -> std::process::Output {
+    ember()
+        .args(["compare", "--device", "cpu", "--scenarios", "net64"])
+        .args([
+            "--warmup",
+            "1",
+            "--steps",
+            "1",
+            "--repeats",
+            "1",
+            "--eval-repeats",
+            "1",
+        ])
+        .args(extra)
+        .arg("--offline")
+        .arg("--data-dir")
+        .arg(repo_mnist())
+        .arg("--out")
+        .arg(out)
+        .output()
+        .unwrap()
+}
+
+fn results(out: &Path) -> (Vec<Value>, String) {
+    let records: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    (records, std::fs::read_to_string(out.join("results.md")).unwrap())
+}
+
+/// A GPU is lent for minutes: a measurement that fails must not cost the others. Here every
+/// PyTorch measurement fails (its script exits 3); ember's record is still written, valid, and
+/// the failures are listed, and the command ends in one `Error:` line.
+#[test]
+fn compare_keeps_what_finished_when_a_measurement_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let failing = dir.path().join("fails.py");
+    std::fs::write(&failing, "import sys\nsys.exit(3)\n").unwrap();
+    let out = dir.path().join("results");
+    let run = quick_compare(
+        &out,
+        &[
+            "--python",
+            "python3",
+            "--pytorch-script",
+            failing.to_str().unwrap(),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(1), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("Error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(errors[0].contains("2 measurement(s) failed"), "{}", errors[0]);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let (records, md) = results(&out);
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0]["framework"], "ember");
+    assert_valid(&validator(), &records[0], "ember's record");
+    assert!(
+        md.contains("- net64 pytorch preloaded:") && md.contains("- net64 pytorch dataloader:"),
+        "{md}"
+    );
+}
+
+/// Without torch on the machine: ember's records only, said so, and a clean exit.
+#[test]
+fn compare_without_pytorch_writes_embers_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("results");
+    let run = quick_compare(&out, &["--without-pytorch"]);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let (records, md) = results(&out);
+    assert_eq!(records.len(), 1);
+    assert_valid(&validator(), &records[0], "ember's record");
+    assert!(md.contains("PyTorch was left out"), "{md}");
+}

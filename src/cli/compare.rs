@@ -1,6 +1,7 @@
 //! `ember compare`: `ember bench` and PyTorch's twin side by side.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
@@ -34,6 +35,17 @@ pub struct CompareArgs {
     /// Results folder [default: benches/results/<date>-<host>-<device>].
     #[arg(long, value_name = "DIR")]
     pub out: Option<PathBuf>,
+    /// Measure ember only (no Python with torch on this machine); results.md says so.
+    #[arg(long, conflicts_with = "time_to_accuracy")]
+    pub without_pytorch: bool,
+    /// Kill a measurement that runs longer than this many seconds, list it as failed, and go
+    /// on with the next.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "time_to_accuracy")]
+    pub timeout: Option<u64>,
+    /// Start no measurement, and let none run, past this many seconds from now; what finished
+    /// is kept.
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "time_to_accuracy")]
+    pub deadline: Option<u64>,
     /// Instead of step times: train the speedrun recipe to its 99.0% target on both sides
     /// (ember, then benches/pytorch/recipe.py) and compare the times from process start.
     #[arg(long)]
@@ -66,6 +78,9 @@ pub fn run(args: CompareArgs) -> Result<()> {
             .clone()
             .unwrap_or_else(|| Dataset::Mnist.default_dir()),
         out: args.out,
+        without_pytorch: args.without_pytorch,
+        timeout: args.timeout.map(Duration::from_secs),
+        deadline: args.deadline.map(Duration::from_secs),
     };
     // Fail on missing data here, before any child process starts.
     Mnist::load(&args.data.source(Dataset::Mnist))?;

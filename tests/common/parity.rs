@@ -45,8 +45,13 @@ pub const EXACT: Tolerance = Tolerance {
     ..CPU
 };
 
+/// `tests/fixtures`, or `EMBER_FIXTURES` where the test binary runs away from its source tree
+/// (the GPU bundle, `benches/gpu-bundle.sh`).
 pub fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+    match std::env::var_os("EMBER_FIXTURES") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"),
+    }
 }
 
 pub struct Fixture {
