@@ -35,7 +35,8 @@ parity=$(cargo test --release --locked --features cuda --test parity --no-run --
     | sed -n 's/.*"executable":"\([^"]*parity-[^"]*\)".*/\1/p' | tail -1)
 [ -n "$parity" ] && [ -x "$parity" ] || { echo "gpu-bundle.sh: no parity test binary built with --features cuda" >&2; exit 1; }
 ember=target/release/ember
-"$ember" info --device cpu | grep -q "^compiled backends:.*cuda" || { echo "gpu-bundle.sh: $ember was not built with --features cuda" >&2; exit 1; }
+info=$("$ember" info --device cpu)
+grep -q "^compiled backends:.*cuda" <<< "$info" || { echo "gpu-bundle.sh: $ember was not built with --features cuda" >&2; exit 1; }
 
 rm -rf "$dir"
 mkdir -p "$dir/benches/pytorch" "$dir/data/mnist" "$dir/fixtures"

@@ -1,6 +1,7 @@
 use clap::Parser;
 
 fn main() {
+    ember::cli::default_sigpipe();
     ember::run::mark_process_start();
     ember::memory::keep_freed_memory();
     let cli = ember::cli::Cli::parse();

@@ -93,6 +93,40 @@ fn info_names_backend_and_device() {
         );
 }
 
+/// `ember info | head -1`, the reader gone: ember must end quietly (killed by SIGPIPE, as Unix
+/// tools are), not panic with "failed printing to stdout". The pipe's read end is closed before
+/// ember starts, so its first write meets a closed pipe every time.
+#[cfg(unix)]
+#[test]
+fn a_closed_stdout_ends_ember_quietly() {
+    use std::os::fd::FromRawFd;
+    use std::os::unix::process::ExitStatusExt;
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe() writes.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: both descriptors were just created and are owned here alone.
+    let (read, write) = unsafe {
+        (
+            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+        )
+    };
+    drop(read);
+    let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("ember"))
+        .args(["info", "--device", "cpu"])
+        .stdout(std::process::Stdio::from(write))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {stderr}",
+        out.status
+    );
+}
+
 #[cfg(not(feature = "cuda"))]
 #[test]
 fn cuda_device_without_cuda_build_is_one_clear_error() {

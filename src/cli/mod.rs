@@ -79,6 +79,18 @@ impl DataArgs {
     }
 }
 
+/// Restores SIGPIPE's default action, so that `ember info | head -1` ends quietly, as Unix tools
+/// do, when the reader closes the pipe: Rust starts with SIGPIPE ignored, and `println!` to a
+/// closed pipe then panics ("failed printing to stdout"). Sockets are unaffected (std writes to
+/// them with MSG_NOSIGNAL). Call first thing in `main`.
+pub fn default_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: changes one signal's disposition before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Runs a parsed command line.
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
