@@ -296,28 +296,25 @@ pub fn run<B: AutodiffBackend>(
     // around. Warm-up runs every batch shape timed later, the last partial batch included (the
     // full epoch runs it), so that no compilation or autotuning lands in a timed region.
     let batch = config.batch_size;
-    let schedule = config.schedule(splits.train.len().div_ceil(batch));
     let mut steps = train::EpochSteps::<B>::new(&splits.train, &config, 0, 0.0);
-    let full_steps = splits.train.len() / config.batch_size;
+    let epoch_steps = steps.steps();
+    let schedule = config.schedule(epoch_steps);
+    let full_steps = splits.train.len() / batch;
     assert!(full_steps > 0, "the training split is smaller than one batch");
-    let mut next = 0usize;
-    let mut step = |model: crate::model::Model<B>, optim: &mut crate::optim::Optimizer<_, B>| {
-        let index = next % full_steps;
-        next += 1;
-        steps.step(model, optim, &schedule, index, index).0
-    };
+    let mut step = |model: crate::model::Model<B>,
+                    optim: &mut crate::optim::Optimizer<_, B>,
+                    index: usize| { steps.step(model, optim, &schedule, index, index).0 };
     let warmup_start = Instant::now();
-    model = step(model, &mut optim);
+    model = step(model, &mut optim, 0);
     sync::<B>(device);
     let first_step_ms = warmup_start.elapsed().as_secs_f64() * 1e3;
-    for _ in 1..settings.warmup_steps {
-        model = step(model, &mut optim);
+    let mut next = 1usize;
+    while next < settings.warmup_steps {
+        model = step(model, &mut optim, next % full_steps);
+        next += 1;
     }
-    let partial = splits.train.len() % config.batch_size != 0;
-    if partial {
-        let last = splits.train.len() / config.batch_size;
-        let mut last_steps = train::EpochSteps::<B>::new(&splits.train, &config, 0, 0.0);
-        model = last_steps.step(model, &mut optim, &schedule, last, last).0;
+    if full_steps < epoch_steps {
+        model = step(model, &mut optim, full_steps);
     }
     sync::<B>(device);
     let warmup_seconds = warmup_start.elapsed().as_secs_f64();
@@ -329,7 +326,8 @@ pub fn run<B: AutodiffBackend>(
     for _ in 0..settings.repeats {
         let start = Instant::now();
         for _ in 0..settings.timed_steps {
-            model = step(model, &mut optim);
+            model = step(model, &mut optim, next % full_steps);
+            next += 1;
         }
         sync::<B>(device);
         step_ms.push(start.elapsed().as_secs_f64() * 1e3 / settings.timed_steps as f64);
