@@ -66,13 +66,19 @@ pub struct DeviceDraws<B: Backend> {
     /// Each pixel's row-major index, `[1, h * w]`: built once, since `arange` is an upload on
     /// some backends and a step must not upload.
     pixel: Tensor<B, 2, Int>,
-    /// The value of a black pixel after normalisation.
-    fill: f32,
+    /// The value of a black pixel after normalisation, per channel.
+    fill: Fill<B>,
+}
+
+/// Black after normalisation: one value for all channels, or one per channel (`[1, c, 1]`).
+enum Fill<B: Backend> {
+    Same(f32),
+    PerChannel(Tensor<B, 3>),
 }
 
 impl<B: Backend> DeviceDraws<B> {
-    /// The draws for images of `size` (`[h, w]`).
-    pub fn upload(draws: &Draws, fill: f32, size: [usize; 2], device: &B::Device) -> Self {
+    /// The draws for images of `size` (`[h, w]`); `fill`: each channel's black, or one value.
+    pub fn upload(draws: &Draws, fill: &[f32], size: [usize; 2], device: &B::Device) -> Self {
         let up = |v: &[i64]| {
             Tensor::from_data(
                 TensorData::new(v.to_vec(), [v.len()]).convert::<B::IntElem>(),
@@ -85,7 +91,11 @@ impl<B: Backend> DeviceDraws<B> {
             flip: up(&draws.flip),
             pixel: Tensor::<B, 1, Int>::arange(0..(size[0] * size[1]) as i64, device)
                 .reshape([1, size[0] * size[1]]),
-            fill,
+            fill: if fill.iter().all(|&f| f == fill[0]) {
+                Fill::Same(fill[0])
+            } else {
+                Fill::PerChannel(Tensor::<B, 1>::from_floats(fill, device).reshape([1, fill.len(), 1]))
+            },
         }
     }
 
@@ -124,8 +134,12 @@ impl<B: Backend> DeviceDraws<B> {
         let per_channel = [batch, channels, h * w];
         let moved = images
             .reshape(per_channel)
-            .gather(2, index.unsqueeze_dim::<3>(1).expand(per_channel))
-            .mask_fill(outside.unsqueeze_dim::<3>(1).expand(per_channel), self.fill);
+            .gather(2, index.unsqueeze_dim::<3>(1).expand(per_channel));
+        let outside = outside.unsqueeze_dim::<3>(1).expand(per_channel);
+        let moved = match &self.fill {
+            Fill::Same(v) => moved.mask_fill(outside, *v),
+            Fill::PerChannel(v) => moved.mask_where(outside, v.clone().expand(per_channel)),
+        };
         moved.reshape([batch, channels, h, w])
     }
 }
@@ -165,7 +179,7 @@ mod tests {
         let device = Default::default();
         let images =
             Tensor::<TB, 4>::from_data(TensorData::new(pixels.clone(), [batch, channels, h, w]), &device);
-        let on_device = DeviceDraws::<TB>::upload(&draws, -0.5, [h, w], &device);
+        let on_device = DeviceDraws::<TB>::upload(&draws, &[-0.5], [h, w], &device);
         // The batch is positions 1..4 of the epoch.
         let moved: Vec<f32> = on_device.apply(images, 1..4).into_data().to_vec().unwrap();
         for b in 0..batch {

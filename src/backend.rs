@@ -178,7 +178,8 @@ pub struct Toolkit {
 }
 
 #[cfg(feature = "cuda")]
-pub use cuda::{toolkit, total_memory};
+pub use cuda::toolkit;
+pub use cuda::total_memory;
 
 #[cfg(feature = "cuda")]
 mod cuda {
@@ -281,6 +282,10 @@ mod cuda {
     }
 
     pub fn probe(_index: usize) -> Option<Resolved> {
+        None
+    }
+
+    pub fn total_memory(_index: usize) -> Option<usize> {
         None
     }
 }

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::DeviceInfo;
 use crate::config::{Recipe, TrainConfig};
-use crate::data::Mnist;
+use crate::data::Data;
 use crate::gpu::GpuMonitor;
 use crate::train::{self, Splits};
 
@@ -280,7 +280,7 @@ pub(crate) fn host_name() -> String {
 pub fn run<B: AutodiffBackend>(
     scenario: Scenario,
     settings: Settings,
-    data: &Mnist,
+    data: &Data,
     device: &B::Device,
     info: &DeviceInfo,
     mut gpu: Option<GpuMonitor>,

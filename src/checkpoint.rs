@@ -346,7 +346,10 @@ impl RunDir {
                 expected: config.model,
             });
         }
-        Ok(config.model.init::<B>(device).load_record(record))
+        Ok(config
+            .model
+            .init_for::<B>(config.input, config.num_classes(), device)
+            .load_record(record))
     }
 
     /// The latest checkpoint's model, optimizer and progress, to resume training.

@@ -5,7 +5,7 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 
 use crate::augment::Augment;
-use crate::data::{Dataset, Normalization};
+use crate::data::{DatasetSpec, ImageShape, Normalization};
 use crate::model::ModelKind;
 use crate::optim::{OneCycle, OptimizerConfig, OptimizerKind, RunSchedule, Schedule, StepLr};
 
@@ -93,12 +93,12 @@ impl Recipe {
         if c.augment.flip {
             facts.push("random flips".into());
         }
-        if c.dataset != Dataset::Mnist {
+        if c.dataset != DatasetSpec::MNIST {
             facts.push(c.dataset.to_string());
         }
         facts.push(format!("batch {}", c.batch_size));
         facts.push(format!("{} epochs", c.epochs));
-        facts.push(if c.normalization == Normalization::UNIT {
+        facts.push(if c.normalization == Normalization::unit() {
             "x/255".to_string()
         } else {
             format!("mean {} std {}", c.normalization.mean, c.normalization.std)
@@ -131,7 +131,11 @@ impl Recipe {
         let base = TrainConfig {
             recipe: self,
             model: ModelKind::PytorchExampleNet,
-            dataset: Dataset::Mnist,
+            dataset: DatasetSpec::MNIST,
+            input: ImageShape::MNIST,
+            classes: Vec::new(),
+            val_fraction: DEFAULT_VAL_FRACTION,
+            skip_bad_images: false,
             optimizer: OptimizerConfig::new(OptimizerKind::Adadelta),
             lr: 1.0,
             schedule: Schedule::Step,
@@ -144,7 +148,7 @@ impl Recipe {
             test_batch_size: 1000,
             epochs: 14,
             seed: 1,
-            normalization: Normalization::MNIST,
+            normalization: Normalization::mnist(),
             valid_size: 0,
             limit_train: None,
             limit_test: None,
@@ -157,7 +161,7 @@ impl Recipe {
                 lr: 1e-4,
                 batch_size: 256,
                 epochs: 50,
-                normalization: Normalization::UNIT,
+                normalization: Normalization::unit(),
                 ..base
             },
             Self::Flashlight => TrainConfig {
@@ -165,13 +169,13 @@ impl Recipe {
                 optimizer: OptimizerConfig::new(OptimizerKind::Sgd),
                 lr: 1e-2,
                 epochs: 100,
-                normalization: Normalization::UNIT,
+                normalization: Normalization::unit(),
                 valid_size: 5000,
                 ..base
             },
             Self::ResnetFashion => TrainConfig {
                 model: ModelKind::Resnet20,
-                dataset: Dataset::FashionMnist,
+                dataset: DatasetSpec::FASHION_MNIST,
                 lr: 0.1,
                 augment: Augment {
                     translate: 2,
@@ -179,7 +183,7 @@ impl Recipe {
                 },
                 batch_size: 128,
                 epochs: 30,
-                normalization: Normalization::FASHION_MNIST,
+                normalization: Normalization::fashion_mnist(),
                 ..modern(base)
             },
             Self::Speedrun => TrainConfig {
@@ -224,7 +228,20 @@ fn modern(base: TrainConfig) -> TrainConfig {
 pub struct TrainConfig {
     pub recipe: Recipe,
     pub model: ModelKind,
-    pub dataset: Dataset,
+    pub dataset: DatasetSpec,
+    /// The images as the model takes them (after any resizing); runs saved before datasets
+    /// other than MNIST's format have none and are 1x28x28.
+    #[serde(default)]
+    pub input: ImageShape,
+    /// Class names, label order; empty: the MNIST-format dataset's ten.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub classes: Vec<String>,
+    /// Fraction of each class held out as the test set of a folder without `test/` or `val/`.
+    #[serde(default = "default_val_fraction")]
+    pub val_fraction: f64,
+    /// Unreadable images in a folder are skipped (and counted) instead of stopping the run.
+    #[serde(default)]
+    pub skip_bad_images: bool,
     pub optimizer: OptimizerConfig,
     /// Learning rate of the first epoch.
     pub lr: f64,
@@ -258,6 +275,13 @@ pub struct TrainConfig {
     pub limit_test: Option<usize>,
 }
 
+/// `--val-fraction`'s default: torchvision users' usual 10%.
+pub const DEFAULT_VAL_FRACTION: f64 = 0.1;
+
+fn default_val_fraction() -> f64 {
+    DEFAULT_VAL_FRACTION
+}
+
 /// A setting that cannot work, named as its flag.
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum ConfigError {
@@ -284,6 +308,14 @@ pub enum ConfigError {
         value: usize,
         limit: usize,
     },
+    #[error("--mean has {mean} values and --std {std}, for images of {channels} channels: give one value, or one per channel")]
+    Channels {
+        mean: usize,
+        std: usize,
+        channels: usize,
+    },
+    #[error(transparent)]
+    Model(#[from] crate::model::DoesNotFit),
     #[error("{flag} applies to --schedule {needs} only")]
     OtherSchedule { flag: &'static str, needs: String },
     #[error("{flag} applies to --optimizer sgd only, not {optimizer}")]
@@ -307,6 +339,34 @@ pub enum ConfigError {
 }
 
 impl TrainConfig {
+    /// The number of classes the model tells apart.
+    pub fn num_classes(&self) -> usize {
+        if self.classes.is_empty() {
+            crate::data::NUM_CLASSES
+        } else {
+            self.classes.len()
+        }
+    }
+
+    /// Class names, label order: the saved ones, or the MNIST-format dataset's.
+    pub fn class_names(&self) -> Vec<String> {
+        if !self.classes.is_empty() {
+            return self.classes.clone();
+        }
+        let d = self.dataset.idx().unwrap_or(crate::data::Dataset::Mnist);
+        (0..crate::data::NUM_CLASSES).map(|c| d.label(c)).collect()
+    }
+
+    /// Class `c` as `ember predict` prints it: "7" for MNIST, "3 (Dress)" for Fashion-MNIST, the
+    /// folder's (or CIFAR's) name otherwise.
+    pub fn class_text(&self, c: usize) -> String {
+        match (self.dataset.idx(), self.classes.get(c)) {
+            (Some(d), _) => d.class_name(c),
+            (None, Some(name)) => name.clone(),
+            (None, None) => c.to_string(),
+        }
+    }
+
     /// The run's learning-rate schedule, for epochs of `steps_per_epoch` optimizer steps.
     pub fn schedule(&self, steps_per_epoch: usize) -> RunSchedule {
         let step_lr = StepLr {
@@ -348,6 +408,29 @@ impl TrainConfig {
         }
     }
 
+    /// Checks the settings that depend on the images: the model takes their shape, the
+    /// normalisation has one value or one per channel, the shifts fit in them.
+    pub fn check_input(&self) -> Result<(), ConfigError> {
+        self.model.fits(self.input)?;
+        if !self.normalization.fits(self.input.channels) {
+            return Err(ConfigError::Channels {
+                mean: self.normalization.mean.values().len(),
+                std: self.normalization.std.values().len(),
+                channels: self.input.channels,
+            });
+        }
+        let side = self.input.height.min(self.input.width);
+        if self.augment.translate >= side {
+            return Err(ConfigError::TooLarge {
+                flag: "--translate",
+                value: self.augment.translate,
+                limit: side,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks the settings that do not depend on the data (see also [`TrainConfig::check_input`]).
     pub fn validate(&self) -> Result<(), ConfigError> {
         for (flag, value) in [
             ("--batch-size", self.batch_size),
@@ -371,17 +454,34 @@ impl TrainConfig {
                 value: 0,
             });
         }
-        let std = f64::from(self.normalization.std);
-        for (flag, value) in [("--lr", self.lr), ("--gamma", self.gamma), ("--std", std)] {
+        let stds = self
+            .normalization
+            .std
+            .values()
+            .iter()
+            .map(|&v| ("--std", f64::from(v)));
+        for (flag, value) in [("--lr", self.lr), ("--gamma", self.gamma)]
+            .into_iter()
+            .chain(stds)
+        {
             if !(value.is_finite() && value > 0.0) {
                 return Err(ConfigError::NotPositive { flag, value });
             }
         }
-        let mean = f64::from(self.normalization.mean);
-        if !mean.is_finite() {
-            return Err(ConfigError::NotFinite {
-                flag: "--mean",
-                value: mean,
+        for &mean in self.normalization.mean.values() {
+            if !mean.is_finite() {
+                return Err(ConfigError::NotFinite {
+                    flag: "--mean",
+                    value: f64::from(mean),
+                });
+            }
+        }
+        if !(self.val_fraction >= 0.0 && self.val_fraction < 1.0) {
+            return Err(ConfigError::OutOfRange {
+                flag: "--val-fraction",
+                value: self.val_fraction,
+                low: 0.0,
+                high: 1.0,
             });
         }
         let o = &self.optimizer;
@@ -403,13 +503,6 @@ impl TrainConfig {
                     high: 100.0,
                 });
             }
-        }
-        if self.augment.translate >= crate::data::IMAGE_SIDE {
-            return Err(ConfigError::TooLarge {
-                flag: "--translate",
-                value: self.augment.translate,
-                limit: crate::data::IMAGE_SIDE,
-            });
         }
         if !(0.0..=1.0).contains(&self.label_smoothing) {
             return Err(ConfigError::OutOfRange {
@@ -506,7 +599,7 @@ mod tests {
                 1
             )
         );
-        assert_eq!(p.normalization, Normalization::MNIST);
+        assert_eq!(p.normalization, Normalization::mnist());
         let t = Recipe::Tch.config();
         assert_eq!(
             (t.model, t.optimizer.kind, t.lr, t.batch_size, t.epochs),
@@ -524,7 +617,7 @@ mod tests {
             ),
             (ModelKind::FlashlightCnn, OptimizerKind::Sgd, 1e-2, 64, 100, 5000)
         );
-        assert_eq!(f.normalization, Normalization::UNIT);
+        assert_eq!(f.normalization, Normalization::unit());
         for r in Recipe::value_variants() {
             r.config().validate().unwrap();
         }
@@ -553,15 +646,15 @@ mod tests {
             c.validate().unwrap_err().to_string()
         };
         assert_eq!(
-            error(|c| c.normalization.std = 0.0),
+            error(|c| c.normalization.std = 0.0.into()),
             "--std must be a positive finite number, got 0"
         );
         assert_eq!(
-            error(|c| c.normalization.std = -1.0),
+            error(|c| c.normalization.std = (-1.0).into()),
             "--std must be a positive finite number, got -1"
         );
         assert_eq!(
-            error(|c| c.normalization.mean = f32::NAN),
+            error(|c| c.normalization.mean = f32::NAN.into()),
             "--mean must be a finite number, got NaN"
         );
         assert_eq!(

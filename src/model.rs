@@ -10,6 +10,8 @@ use ember_models::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::data::{ImageShape, NUM_CLASSES};
+
 /// The models of the seed benchmarks, and the ResNets and speedrun net of the recipes after them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -32,17 +34,85 @@ pub enum ModelKind {
     SpeedrunNet,
 }
 
+/// A dataset that a model cannot take.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error(
+    "{model} takes {takes} images and this dataset's are {got}: use --channels {channels} --image-size {side} to convert them, \
+     or a model that adapts to any (--model resnet20, resnet18 or speedrun-net)"
+)]
+pub struct DoesNotFit {
+    pub model: &'static str,
+    pub takes: ImageShape,
+    pub got: ImageShape,
+    channels: usize,
+    side: usize,
+}
+
 impl ModelKind {
-    /// A freshly initialised model (PyTorch's default initialisation).
+    /// A freshly initialised model for MNIST's 1x28x28 images and 10 classes (PyTorch's
+    /// default initialisation).
     pub fn init<B: Backend>(self, device: &B::Device) -> Model<B> {
+        self.init_for(ImageShape::MNIST, NUM_CLASSES, device)
+    }
+
+    /// A freshly initialised model for images of `input` and `classes` classes. The seed CNNs
+    /// keep their exact layout (1x28x28 only, see [`ModelKind::fits`]) and change only their
+    /// number of outputs; the ResNets take any channels and size, speedrun-net any size from
+    /// 8x8.
+    pub fn init_for<B: Backend>(self, input: ImageShape, classes: usize, device: &B::Device) -> Model<B> {
         match self {
-            Self::PytorchExampleNet => Model::PytorchExample(PytorchExampleNetConfig::new().init(device)),
-            Self::TchNet => Model::Tch(TchNetConfig::new().init(device)),
-            Self::FlashlightCnn => Model::Flashlight(FlashlightCnnConfig::new().init(device)),
-            Self::Resnet20 => Model::ResNet(ResNetConfig::resnet20().init(device)),
-            Self::Resnet18 => Model::ResNet(ResNetConfig::resnet18().init(device)),
-            Self::SpeedrunNet => Model::Speedrun(SpeedrunNetConfig::new().init(device)),
+            Self::PytorchExampleNet => Model::PytorchExample(
+                PytorchExampleNetConfig::new()
+                    .with_num_classes(classes)
+                    .init(device),
+            ),
+            Self::TchNet => Model::Tch(TchNetConfig::new().with_num_classes(classes).init(device)),
+            Self::FlashlightCnn => {
+                Model::Flashlight(FlashlightCnnConfig::new().with_num_classes(classes).init(device))
+            }
+            Self::Resnet20 | Self::Resnet18 => {
+                let config = match self {
+                    Self::Resnet20 => ResNetConfig::resnet20(),
+                    _ => ResNetConfig::resnet18(),
+                };
+                Model::ResNet(
+                    config
+                        .with_in_channels(input.channels)
+                        .with_num_classes(classes)
+                        .init(device),
+                )
+            }
+            Self::SpeedrunNet => Model::Speedrun(
+                SpeedrunNetConfig::new()
+                    .with_in_channels(input.channels)
+                    .with_num_classes(classes)
+                    .with_image_size([input.height, input.width])
+                    .init(device),
+            ),
         }
+    }
+
+    /// Whether the model can take images of `input`.
+    pub fn fits(self, input: ImageShape) -> Result<(), DoesNotFit> {
+        let takes = match self {
+            Self::PytorchExampleNet | Self::TchNet | Self::FlashlightCnn => ImageShape::MNIST,
+            Self::SpeedrunNet if input.height < 8 || input.width < 8 => ImageShape {
+                channels: input.channels,
+                height: 8,
+                width: 8,
+            },
+            Self::Resnet20 | Self::Resnet18 | Self::SpeedrunNet => return Ok(()),
+        };
+        if input == takes {
+            return Ok(());
+        }
+        Err(DoesNotFit {
+            model: self.name(),
+            takes,
+            got: input,
+            channels: takes.channels,
+            side: takes.height,
+        })
     }
 
     /// The name used on the command line and in `config.json`.
@@ -80,7 +150,7 @@ impl ModelKind {
         }
     }
 
-    /// Multiply-accumulates of one forward pass over one image, counting convolutions and
+    /// Multiply-accumulates of one forward pass over one 1x28x28 image, counting convolutions and
     /// linear layers only (activations, pooling and padding are bandwidth, not FLOPs).
     /// A training step costs about three forward passes: forward, gradient w.r.t. inputs and
     /// w.r.t. weights.
@@ -215,6 +285,41 @@ mod tests {
         for kind in ModelKind::value_variants() {
             assert_eq!(kind.init::<NdArray>(&device).kind(), *kind);
         }
+    }
+
+    #[test]
+    fn seed_cnns_take_mnist_shapes_only_and_others_adapt() {
+        let rgb32 = ImageShape {
+            channels: 3,
+            height: 32,
+            width: 32,
+        };
+        let err = ModelKind::PytorchExampleNet.fits(rgb32).unwrap_err().to_string();
+        assert!(
+            err.starts_with("pytorch-example-net takes 1x28x28 images and this dataset's are 3x32x32: use --channels 1 --image-size 28"),
+            "{err}"
+        );
+        assert!(ModelKind::PytorchExampleNet.fits(ImageShape::MNIST).is_ok());
+        let device = Default::default();
+        for kind in [ModelKind::Resnet20, ModelKind::SpeedrunNet] {
+            assert!(kind.fits(rgb32).is_ok());
+            let model = kind.init_for::<NdArray>(rgb32, 100, &device);
+            assert_eq!(
+                model.forward(Tensor::zeros([2, 3, 32, 32], &device)).dims(),
+                [2, 100]
+            );
+        }
+        let tiny = ImageShape {
+            channels: 1,
+            height: 6,
+            width: 6,
+        };
+        assert!(ModelKind::SpeedrunNet.fits(tiny).is_err());
+        let five = ModelKind::TchNet.init_for::<NdArray>(ImageShape::MNIST, 5, &device);
+        assert_eq!(
+            five.forward(Tensor::zeros([1, 1, 28, 28], &device)).dims(),
+            [1, 5]
+        );
     }
 
     #[test]

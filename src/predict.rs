@@ -1,6 +1,9 @@
 //! `ember predict`: classify image files (PNG, JPEG; any size or colour) with a checkpoint.
 //!
-//! Each image becomes what the model saw in training: grey, MNIST's polarity (light strokes on
+//! A run on CIFAR or a folder of images: each image is converted to the run's channels (grey as
+//! luma, or RGB) and resized to its size, as its training images were.
+//!
+//! A run on an MNIST-format dataset: each image becomes what the model saw in training: grey, MNIST's polarity (light strokes on
 //! a dark background; an image whose border is light on average is inverted), padded to a
 //! square with its background and resized to 28x28, then normalised as the checkpoint's recipe.
 //! A 28x28 grey image with a dark background, such as an MNIST digit saved as PNG, passes
@@ -20,7 +23,8 @@ use image::imageops::FilterType;
 use image::{GrayImage, Luma};
 use serde::Serialize;
 
-use crate::data::{Dataset, DeviceSplit, Normalization, Split, IMAGE_PIXELS, IMAGE_SIDE};
+use crate::config::TrainConfig;
+use crate::data::{DeviceSplit, ImageShape, Normalization, Split, IMAGE_PIXELS, IMAGE_SIDE};
 use crate::model::Model;
 
 /// A file that could not be classified.
@@ -35,6 +39,8 @@ pub struct PredictError {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Guess {
     pub class: usize,
+    /// The class's name (the folder's, CIFAR's, Fashion-MNIST's; MNIST's digit).
+    pub name: String,
     pub probability: f64,
 }
 
@@ -48,18 +54,45 @@ pub struct Prediction {
 
 impl Prediction {
     /// `FILE: CLASS  (CLASS: P%, CLASS: P%, CLASS: P%)`, the line `ember predict` prints.
-    pub fn text(&self, dataset: Dataset) -> String {
+    pub fn text(&self, config: &TrainConfig) -> String {
         let guesses: Vec<String> = self
             .top3
             .iter()
-            .map(|g| format!("{}: {:.2}%", dataset.class_name(g.class), 100.0 * g.probability))
+            .map(|g| format!("{}: {:.2}%", config.class_text(g.class), 100.0 * g.probability))
             .collect();
         format!(
             "{}: {}  ({})",
             self.file,
-            dataset.class_name(self.prediction),
+            config.class_text(self.prediction),
             guesses.join(", ")
         )
+    }
+}
+
+/// How a file becomes what a run's model saw in training.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Prepare {
+    /// MNIST's layout (see the module documentation).
+    Mnist,
+    /// Converted to the run's channels and resized to its size.
+    Plain(ImageShape),
+}
+
+impl Prepare {
+    /// How `config`'s run saw its images.
+    pub fn of(config: &TrainConfig) -> Self {
+        if config.dataset.idx().is_some() && config.input == ImageShape::MNIST {
+            Self::Mnist
+        } else {
+            Self::Plain(config.input)
+        }
+    }
+
+    pub fn shape(self) -> ImageShape {
+        match self {
+            Self::Mnist => ImageShape::MNIST,
+            Self::Plain(shape) => shape,
+        }
     }
 }
 
@@ -68,8 +101,26 @@ impl Prediction {
 /// file's header claims.
 pub const MAX_SIDE: u32 = 8192;
 
-/// Reads `path` and turns it into the 784 pixels the model expects.
+/// Reads `path` and turns it into the pixels the model expects, channel-major.
+pub fn load_as(path: &Path, prepare: Prepare) -> Result<Vec<u8>, PredictError> {
+    let img = decode(path)?;
+    Ok(match prepare {
+        Prepare::Mnist => to_mnist(&grey(&img)).to_vec(),
+        Prepare::Plain(shape) => {
+            let mut out = vec![0; shape.len()];
+            crate::data::folder::to_chw(&img, shape, &mut out);
+            out
+        }
+    })
+}
+
+/// Reads `path` and turns it into the 784 pixels an MNIST model expects.
 pub fn load(path: &Path) -> Result<[u8; IMAGE_PIXELS], PredictError> {
+    Ok(to_mnist(&grey(&decode(path)?)))
+}
+
+/// Decodes `path`, its size checked from the header first.
+fn decode(path: &Path) -> Result<image::DynamicImage, PredictError> {
     let fail = |reason: String| PredictError {
         path: path.to_owned(),
         reason,
@@ -91,8 +142,7 @@ pub fn load(path: &Path) -> Result<[u8; IMAGE_PIXELS], PredictError> {
     limits.max_image_width = Some(MAX_SIDE);
     limits.max_image_height = Some(MAX_SIDE);
     reader.limits(limits);
-    let img = reader.decode().map_err(|e| fail(e.to_string()))?;
-    Ok(to_mnist(&grey(&img)))
+    reader.decode().map_err(|e| fail(e.to_string()))
 }
 
 /// The image in grey levels. Transparency is composited onto the background that contrasts
@@ -160,8 +210,9 @@ pub fn to_mnist(gray: &GrayImage) -> [u8; IMAGE_PIXELS] {
 /// Class probabilities for each image, `[n][classes]`.
 pub fn probabilities<B: Backend>(
     model: &Model<B>,
-    images: &[[u8; IMAGE_PIXELS]],
-    norm: Normalization,
+    images: &[Vec<u8>],
+    shape: ImageShape,
+    norm: &Normalization,
     device: &B::Device,
 ) -> Vec<Vec<f64>> {
     if images.is_empty() {
@@ -170,6 +221,7 @@ pub fn probabilities<B: Backend>(
     let split = Split {
         images: images.iter().flatten().copied().collect(),
         labels: vec![0; images.len()],
+        shape,
     };
     let on_device = DeviceSplit::<B>::upload(&split, norm, device);
     let out = model.forward(on_device.images);
@@ -182,8 +234,9 @@ pub fn probabilities<B: Backend>(
     values.chunks(classes).map(<[f64]>::to_vec).collect()
 }
 
-/// The most likely class and the three most likely, for one image's probabilities.
-pub fn top3(file: &str, probs: &[f64]) -> Prediction {
+/// The most likely class and the three most likely, for one image's probabilities; `name`
+/// gives a class's name.
+pub fn top3(file: &str, probs: &[f64], name: impl Fn(usize) -> String) -> Prediction {
     let mut order: Vec<usize> = (0..probs.len()).collect();
     order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
     Prediction {
@@ -194,6 +247,7 @@ pub fn top3(file: &str, probs: &[f64]) -> Prediction {
             .take(3)
             .map(|&c| Guess {
                 class: c,
+                name: name(c),
                 probability: probs[c],
             })
             .collect(),
@@ -272,8 +326,9 @@ mod tests {
 
     #[test]
     fn top3_orders_by_probability() {
-        let p = top3("x.png", &[0.1, 0.6, 0.05, 0.25]);
+        let p = top3("x.png", &[0.1, 0.6, 0.05, 0.25], |c| format!("c{c}"));
         assert_eq!(p.prediction, 1);
         assert_eq!(p.top3.iter().map(|g| g.class).collect::<Vec<_>>(), vec![1, 3, 0]);
+        assert_eq!(p.top3[1].name, "c3");
     }
 }

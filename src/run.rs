@@ -438,12 +438,16 @@ pub fn header<B: AutodiffBackend>(
     info: &str,
     run: &RunDir,
 ) -> String {
+    let mut dataset = config.dataset.to_string();
+    if config.input != crate::data::ImageShape::MNIST || config.num_classes() != crate::data::NUM_CLASSES {
+        dataset += &format!(" ({} images, {} classes)", config.input, config.num_classes());
+    }
     format!(
         "ember train: recipe {}, {} ({} parameters), {} {} train / {} valid / {} test, {info}\nrun directory: {}",
         config.recipe.name(),
         config.model.name(),
         ember_models::Classifier::trainable_params(model),
-        config.dataset,
+        dataset,
         splits.train.len(),
         splits.valid.as_ref().map_or(0, DeviceSplit::len),
         splits.test.len(),

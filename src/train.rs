@@ -19,7 +19,7 @@ use rand::SeedableRng;
 
 use crate::augment::DeviceDraws;
 use crate::config::{ConfigError, TrainConfig};
-use crate::data::{indices, DeviceSplit, Mnist};
+use crate::data::{indices, Data, DeviceSplit};
 use crate::model::Model;
 use crate::optim::{Optimizer, RunSchedule};
 use crate::progress::Progress;
@@ -77,7 +77,7 @@ pub struct Splits<B: Backend> {
 impl<B: Backend> Splits<B> {
     /// Holds out the first `valid_size` training images, keeps `limit_train` of the rest, and
     /// uploads all three splits.
-    pub fn upload(data: &Mnist, config: &TrainConfig, device: &B::Device) -> Result<Self, ConfigError> {
+    pub fn upload(data: &Data, config: &TrainConfig, device: &B::Device) -> Result<Self, ConfigError> {
         config.check_train_size(data.train.len())?;
         let (valid, mut train) = data.train.clone().split_at(config.valid_size);
         if let Some(n) = config.limit_train {
@@ -87,7 +87,7 @@ impl<B: Backend> Splits<B> {
         if let Some(n) = config.limit_test {
             test.truncate(n);
         }
-        let norm = config.normalization;
+        let norm = &config.normalization;
         Ok(Self {
             train: DeviceSplit::upload(&train, norm, device),
             valid: (!valid.is_empty()).then(|| DeviceSplit::upload(&valid, norm, device)),
@@ -118,7 +118,9 @@ pub fn epoch_permutation(seed: u64, epoch: usize, len: usize) -> Vec<usize> {
 /// A new model for `config`, its parameters drawn from `config.seed`.
 pub fn init_model<B: Backend>(config: &TrainConfig, device: &B::Device) -> Model<B> {
     B::seed(device, config.seed);
-    let model = config.model.init::<B>(device);
+    let model = config
+        .model
+        .init_for::<B>(config.input, config.num_classes(), device);
     // burn draws parameters lazily, on first use; drawing them now, right after seeding, keeps
     // the initial weights a function of the seed alone, whatever else draws from the backend's
     // generator later (dropout does not: its masks are keyed per step).
@@ -231,7 +233,9 @@ impl<'a, B: AutodiffBackend> EpochSteps<'a, B> {
         let augment = (!config.augment.is_none()).then(|| {
             let draws = config.augment.draws(config.seed, epoch, len);
             let [_, _, h, w] = train.images.dims();
-            DeviceDraws::<B::InnerBackend>::upload(&draws, config.normalization.apply(0), [h, w], &device)
+            let channels = train.images.dims()[1];
+            let black: Vec<f32> = (0..channels).map(|c| config.normalization.apply(0, c)).collect();
+            DeviceDraws::<B::InnerBackend>::upload(&draws, &black, [h, w], &device)
         });
         Self {
             train,

@@ -5,7 +5,7 @@
 
 use std::io::Write;
 
-use ember::data::{Dataset, Mnist, Source};
+use ember::data::{Data, Dataset, Source};
 
 mod common;
 
@@ -42,7 +42,7 @@ fn an_idx_gz_claiming_a_million_images_is_refused_from_its_header() {
     assert!(size < 16 << 20, "{size} bytes");
 
     counting_alloc::reset_largest();
-    let err = Mnist::load(&Source {
+    let err = Data::load(&Source {
         dataset: Dataset::Mnist,
         dir: dir.path().to_owned(),
         download: false,

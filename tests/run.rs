@@ -288,7 +288,7 @@ fn predict_on_pngs_of_test_images_agrees_with_the_model_and_reports_bad_files() 
     let config = run_dir.load_config().unwrap();
     let device = Default::default();
     let model = run_dir.load_model::<NdArray>(&config, &device).unwrap();
-    let split = ember::data::DeviceSplit::<NdArray>::upload(&data.test, config.normalization, &device);
+    let split = ember::data::DeviceSplit::<NdArray>::upload(&data.test, &config.normalization, &device);
     let (images, _) = split.range(0, 12);
     use ember_models::Classifier;
     let expected: Vec<i64> = model

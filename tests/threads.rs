@@ -9,7 +9,7 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::{backend::Backend, Tensor};
 use ember::backend::Cpu;
 use ember::config::Recipe;
-use ember::data::Mnist;
+use ember::data::Data;
 use ember::train::{init_model, train_whole_epoch, EpochEnd, Splits};
 
 struct Bits(Vec<Vec<u32>>);
@@ -22,7 +22,7 @@ impl<B: Backend> ModuleVisitor<B> for Bits {
 }
 
 /// The parameters, bit for bit, after three steps of `recipe` (batch 64) on `threads` threads.
-fn after_three_steps(data: &Mnist, recipe: Recipe, threads: usize) -> Vec<Vec<u32>> {
+fn after_three_steps(data: &Data, recipe: Recipe, threads: usize) -> Vec<Vec<u32>> {
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()

@@ -53,17 +53,23 @@ pub struct SpeedrunNetConfig {
     /// Channels of the three blocks.
     #[config(default = "[32, 64, 128]")]
     pub widths: [usize; 3],
+    /// `[height, width]` of the input: each block halves it (rounding down), and the classifier
+    /// takes what is left. At least 8x8.
+    #[config(default = "[28, 28]")]
+    pub image_size: [usize; 2],
 }
 
 impl SpeedrunNetConfig {
     pub fn init<B: Backend>(&self, device: &B::Device) -> SpeedrunNet<B> {
         let [a, b, c] = self.widths;
+        let [h, w] = self.image_size.map(|s| s / 2 / 2 / 2);
+        assert!(h > 0 && w > 0, "speedrun-net needs images of at least 8x8");
         SpeedrunNet {
             block1: ConvBlock::new(self.in_channels, a, device),
             block2: ConvBlock::new(a, b, device),
             block3: ConvBlock::new(b, c, device),
             pool: MaxPool2dConfig::new([2, 2]).init(),
-            fc: LinearConfig::new(c * 3 * 3, self.num_classes).init(device),
+            fc: LinearConfig::new(c * h * w, self.num_classes).init(device),
         }
     }
 }
@@ -79,7 +85,7 @@ pub struct SpeedrunNet<B: Backend> {
 
 impl<B: Backend> Classifier<B> for SpeedrunNet<B> {
     /// # Shapes
-    /// - `images`: `[batch, in_channels, 28, 28]`
+    /// - `images`: `[batch, in_channels, height, width]` (the configured `image_size`)
     /// - output: `[batch, num_classes]`, logits
     fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
         let x = self.block1.forward(images, &self.pool); // [batch, 32, 14, 14]
@@ -116,6 +122,17 @@ mod tests {
         assert_eq!(
             net.forward(Tensor::zeros([2, 1, 28, 28], &device)).dims(),
             [2, 10]
+        );
+        let colour = SpeedrunNetConfig::new()
+            .with_in_channels(3)
+            .with_num_classes(100)
+            .with_image_size([32, 32])
+            .init::<TestBackend>(&device);
+        // 32 -> 16 -> 8 -> 4: the classifier takes 128 x 4 x 4.
+        assert_eq!(colour.fc.weight.dims(), [2048, 100]);
+        assert_eq!(
+            colour.forward(Tensor::zeros([2, 3, 32, 32], &device)).dims(),
+            [2, 100]
         );
     }
 }

@@ -8,7 +8,7 @@ use clap::Args;
 
 use super::DataArgs;
 use crate::backend::{self, BackendTask, DeviceArg, DeviceInfo};
-use crate::data::{Dataset, Mnist};
+use crate::data::{Data, Dataset};
 
 /// How much `ember bench` and `ember compare` measure.
 #[derive(Debug, Args)]
@@ -66,7 +66,7 @@ pub struct BenchArgs {
 pub fn run(args: BenchArgs) -> Result<()> {
     let settings = args.measure.settings()?;
     backend::resolve(args.device)?;
-    let data = Mnist::load(&args.data.source(Dataset::Mnist))?;
+    let data = Data::load(&args.data.source(Dataset::Mnist))?;
     let record = backend::dispatch(
         args.device,
         BenchTask {
@@ -86,7 +86,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
 struct BenchTask {
     scenario: crate::bench::Scenario,
     settings: crate::bench::Settings,
-    data: Mnist,
+    data: Data,
 }
 
 impl BackendTask for BenchTask {

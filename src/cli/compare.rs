@@ -10,7 +10,7 @@ use super::bench::MeasureArgs;
 use super::DataArgs;
 use crate::backend::DeviceArg;
 use crate::config::Recipe;
-use crate::data::{Dataset, Mnist};
+use crate::data::{Data, Dataset};
 
 /// `ember compare`.
 #[derive(Debug, Args)]
@@ -83,7 +83,7 @@ pub fn run(args: CompareArgs) -> Result<()> {
         deadline: args.deadline.map(Duration::from_secs),
     };
     // Fail on missing data here, before any child process starts.
-    Mnist::load(&args.data.source(Dataset::Mnist))?;
+    Data::load(&args.data.source(Dataset::Mnist))?;
     crate::compare::run(&options)?;
     Ok(())
 }
@@ -93,13 +93,17 @@ fn race(args: CompareArgs) -> Result<()> {
         anyhow::bail!("--rounds must be at least 1, got 0");
     }
     let recipe = Recipe::Speedrun;
-    let dataset = recipe.config().dataset;
+    let dataset = recipe
+        .config()
+        .dataset
+        .idx()
+        .expect("the speedrun recipe reads MNIST");
     let data_dir = args
         .data
         .data_dir
         .clone()
         .unwrap_or_else(|| dataset.default_dir());
-    Mnist::load(&args.data.source(dataset))?;
+    Data::load(&args.data.source(dataset))?;
     let resolved = crate::backend::resolve(args.device)?;
     let device_arg = match &resolved {
         crate::backend::Resolved::Cpu => "cpu".to_string(),

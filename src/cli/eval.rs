@@ -10,7 +10,7 @@ use super::DataArgs;
 use crate::backend::{self, BackendTask, DeviceArg, DeviceInfo};
 use crate::checkpoint::RunDir;
 use crate::config::TrainConfig;
-use crate::data::{DeviceSplit, Mnist};
+use crate::data::{Data, DeviceSplit};
 use crate::train;
 
 /// `ember eval`.
@@ -36,15 +36,39 @@ pub fn run(args: EvalArgs) -> Result<()> {
         config.test_batch_size = n;
     }
     config.validate()?;
-    let dataset = args.data.dataset.unwrap_or(config.dataset);
-    backend::resolve(args.device)?;
-    let data = Mnist::load(&args.data.source(dataset))?;
+    config.check_input()?;
+    let d = &args.data;
+    for (flag, set) in [
+        ("--image-size", d.image_size.is_some()),
+        ("--channels", d.channels.is_some()),
+        ("--val-fraction", d.val_fraction.is_some()),
+        ("--skip-bad-images", d.skip_bad_images),
+    ] {
+        anyhow::ensure!(
+            !set,
+            "{flag}: a checkpoint is evaluated on its images read as in training (its config.json), not set again"
+        );
+    }
+    if let Some(d) = &args.data.dataset {
+        config.dataset = d.clone().absolute();
+    }
+    let device = backend::resolve(args.device)?;
+    // The images are read as the model was trained on them (shape and channels).
+    let data = crate::data::load(&config.dataset, &args.data.options(&config, &device, false))?;
+    if data.classes.len() != config.num_classes() {
+        anyhow::bail!(
+            "{} has {} classes and the checkpoint's model tells {} apart",
+            config.dataset,
+            data.classes.len(),
+            config.num_classes()
+        );
+    }
     backend::dispatch(args.device, EvalTask { config, data, run })?
 }
 
 struct EvalTask {
     config: TrainConfig,
-    data: Mnist,
+    data: Data,
     run: RunDir,
 }
 
@@ -59,7 +83,7 @@ impl BackendTask for EvalTask {
         if let Some(n) = config.limit_test {
             test.truncate(n);
         }
-        let test = DeviceSplit::<B::InnerBackend>::upload(&test, config.normalization, &device);
+        let test = DeviceSplit::<B::InnerBackend>::upload(&test, &config.normalization, &device);
         let stats = train::evaluate(&model, &test, config.test_batch_size);
         println!(
             "ember eval: {} ({}, {} test), {info}",

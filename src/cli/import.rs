@@ -32,7 +32,7 @@ pub struct ImportArgs {
     /// Recipe whose settings (data normalisation, batch sizes) the checkpoint records [default: the model's].
     #[arg(long, value_enum)]
     pub recipe: Option<Recipe>,
-    /// Dataset the checkpoint is evaluated on [default: the recipe's].
+    /// Dataset the checkpoint is evaluated on: mnist or fashion-mnist [default: the recipe's].
     #[arg(long, value_enum)]
     pub dataset: Option<Dataset>,
     /// Checkpoint directory to create (must not exist or be empty).
@@ -45,7 +45,7 @@ pub fn run(args: ImportArgs) -> Result<()> {
     let mut config = args.recipe.unwrap_or(Recipe::of_model(args.model)).config();
     config.model = args.model;
     if let Some(d) = args.dataset {
-        config.dataset = d;
+        config.dataset = crate::data::DatasetSpec::Idx(d);
     }
     let device = Default::default();
     let model = crate::import::from_pytorch_file::<backend::Cpu>(args.model, &args.file, &device)?;

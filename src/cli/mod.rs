@@ -6,10 +6,13 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 
-use crate::data::{Dataset, Source};
+use crate::backend::Resolved;
+use crate::config::TrainConfig;
+use crate::data::{Dataset, DatasetSpec, LoadOptions, Source};
 
 pub mod bench;
 pub mod compare;
+pub mod data;
 pub mod eval;
 pub mod import;
 pub mod info;
@@ -19,6 +22,7 @@ pub mod train;
 
 pub use bench::{BenchArgs, MeasureArgs};
 pub use compare::CompareArgs;
+pub use data::DataCmdArgs;
 pub use eval::EvalArgs;
 pub use import::{ImportArgs, ImportFormat};
 pub use info::InfoArgs;
@@ -26,7 +30,8 @@ pub use plot::PlotArgs;
 pub use predict::PredictArgs;
 pub use train::TrainArgs;
 
-/// Train and evaluate CNNs on MNIST-format data with burn, the dataset kept on the device.
+/// Train and evaluate CNNs with burn on MNIST-format data, CIFAR or folders of images, the
+/// dataset kept on the device.
 #[derive(Debug, Parser)]
 #[command(name = "ember", version, propagate_version = true)]
 pub struct Cli {
@@ -46,27 +51,78 @@ pub enum Command {
     Compare(CompareArgs),
     /// Convert a PyTorch state_dict (`torch.save(model.state_dict(), PATH)`) into a checkpoint.
     Import(ImportArgs),
-    /// Classify image files (PNG, JPEG) with a checkpoint: digit and top-3 probabilities.
+    /// Classify image files (PNG, JPEG) with a checkpoint: class and top-3 probabilities.
     Predict(PredictArgs),
+    /// Read a dataset as `ember train` would and describe it: classes, shape, splits,
+    /// normalisation, device memory and decode time.
+    Data(DataCmdArgs),
     /// Redraw curves.png from runs' metrics.csv; several runs are overlaid.
     Plot(PlotArgs),
     /// Show the compiled backends and the device a run would use.
     Info(InfoArgs),
 }
 
-/// Where the data comes from.
+/// Where the data comes from and how images are read.
 #[derive(Debug, Args)]
 pub struct DataArgs {
-    /// Dataset [default: the recipe's or checkpoint's, mnist].
-    #[arg(long, value_enum)]
-    pub dataset: Option<Dataset>,
-    /// Folder with the dataset's four IDX files (.gz or raw) [default: data/<dataset>].
+    /// mnist, fashion-mnist, cifar10, cifar100, or folder:PATH: one sub-folder of PNG/JPEG
+    /// images per class, or train/ with test/ or val/ folders of them [default: the recipe's or
+    /// checkpoint's, mnist].
+    #[arg(long, value_name = "DATASET")]
+    pub dataset: Option<DatasetSpec>,
+    /// Folder with an MNIST-format dataset's four IDX files (.gz or raw), or CIFAR's binary
+    /// release [default: data/<dataset>].
     #[arg(long, env = "EMBER_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     /// Never download: a missing file is an error that says where to put it. EMBER_OFFLINE takes
     /// true/false, 1/0, yes/no or on/off.
     #[arg(long, env = "EMBER_OFFLINE", value_parser = clap::builder::BoolishValueParser::new())]
     pub offline: bool,
+    /// Resize every image to SIZE (28) or HEIGHTxWIDTH (32x48), bilinear [default: the images'
+    /// own size when they all share one, else the recipe's 28x28].
+    #[arg(long, value_name = "SIZE", value_parser = parse_image_size)]
+    pub image_size: Option<[usize; 2]>,
+    /// 1 (grey, as luma) or 3 (RGB) [default: 3 when any image has colour, else the dataset's].
+    #[arg(long, value_name = "N", value_parser = parse_channels)]
+    pub channels: Option<usize>,
+    /// A folder without test/ or val/: the fraction of each class held out as the test set
+    /// [default: 0.1].
+    #[arg(long, value_name = "FRACTION")]
+    pub val_fraction: Option<f64>,
+    /// Skip images that cannot be read, count them and list them in the run directory
+    /// (skipped.txt), instead of stopping at the first with its name.
+    #[arg(long)]
+    pub skip_bad_images: bool,
+    /// The most pixels one image may have, checked from its header before it is decoded
+    /// [default: 89478485, PIL's limit].
+    #[arg(long, value_name = "N")]
+    pub max_image_pixels: Option<u64>,
+    /// The most memory the dataset may take on the device as f32, e.g. 8G or 512M, checked
+    /// before decoding [default: half the GPU's memory, or half the machine's on the CPU].
+    #[arg(long, value_name = "SIZE", value_parser = crate::memory::parse_bytes)]
+    pub max_dataset_memory: Option<u64>,
+}
+
+fn parse_image_size(text: &str) -> Result<[usize; 2], String> {
+    let side = |s: &str| match s.trim().parse::<usize>() {
+        Ok(n) if (1..=MAX_IMAGE_SIZE).contains(&n) => Ok(n),
+        _ => Err(format!("'{s}' is not a side between 1 and {MAX_IMAGE_SIZE}")),
+    };
+    match text.split_once(['x', 'X']) {
+        Some((h, w)) => Ok([side(h)?, side(w)?]),
+        None => side(text).map(|n| [n, n]),
+    }
+}
+
+/// The largest `--image-size` side.
+const MAX_IMAGE_SIZE: usize = 4096;
+
+fn parse_channels(text: &str) -> Result<usize, String> {
+    match text {
+        "1" => Ok(1),
+        "3" => Ok(3),
+        _ => Err(format!("'{text}': 1 (grey) or 3 (RGB)")),
+    }
 }
 
 impl DataArgs {
@@ -76,6 +132,57 @@ impl DataArgs {
             dir: self.data_dir.clone().unwrap_or_else(|| dataset.default_dir()),
             download: !self.offline,
         }
+    }
+
+    /// How to read `config.dataset` for a run on `device`. A new run (`fresh`) takes the
+    /// shape flags; a saved run reads its images as it was trained on them.
+    pub(crate) fn options(&self, config: &TrainConfig, device: &Resolved, fresh: bool) -> LoadOptions {
+        let (max_memory, memory_source) = match self.max_dataset_memory {
+            Some(n) => (n, "given".to_string()),
+            None => default_memory_budget(device),
+        };
+        let input = config.input;
+        LoadOptions {
+            dir: self.data_dir.clone().filter(|_| config.dataset.uses_data_dir()),
+            download: !self.offline,
+            image_size: if fresh {
+                self.image_size
+            } else {
+                Some([input.height, input.width])
+            },
+            fallback_size: [input.height, input.width],
+            channels: if fresh {
+                self.channels
+            } else {
+                Some(input.channels)
+            },
+            val_fraction: config.val_fraction,
+            skip_bad_images: config.skip_bad_images,
+            max_image_pixels: self
+                .max_image_pixels
+                .unwrap_or(crate::data::DEFAULT_MAX_IMAGE_PIXELS),
+            max_memory,
+            memory_source,
+            progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        }
+    }
+}
+
+/// Half the device's memory: the rest is for the model, activations and the allocator.
+fn default_memory_budget(device: &Resolved) -> (u64, String) {
+    let (total, what) = match device {
+        Resolved::Cuda { index, .. } => (
+            crate::backend::total_memory(*index).map(|n| n as u64),
+            format!("cuda:{index}"),
+        ),
+        Resolved::Cpu => (crate::memory::physical_memory(), "this machine".to_string()),
+    };
+    match total {
+        Some(total) => (
+            total / 2,
+            format!("default: half of {what}'s {}", crate::memory::bytes(total)),
+        ),
+        None => (u64::MAX, "default: no limit, the memory size is unknown".into()),
     }
 }
 
@@ -100,6 +207,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Compare(args) => compare::run(args),
         Command::Import(args) => import::run(args),
         Command::Predict(args) => predict::run(args),
+        Command::Data(args) => data::run(args),
         Command::Plot(args) => plot::run(args),
         Command::Info(args) => info::run(args),
     }
@@ -120,5 +228,15 @@ mod tests {
         assert!(Cli::try_parse_from(["ember", "train", "--recipe", "keras"]).is_err());
         assert!(Cli::try_parse_from(["ember", "train", "--device", "gpu"]).is_err());
         assert!(Cli::try_parse_from(["ember", "train", "--dataset", "cifar"]).is_err());
+        assert!(Cli::try_parse_from(["ember", "train", "--channels", "2"]).is_err());
+        assert!(Cli::try_parse_from(["ember", "train", "--image-size", "0"]).is_err());
+        assert!(Cli::try_parse_from(["ember", "train", "--max-dataset-memory", "lots"]).is_err());
+    }
+
+    #[test]
+    fn image_sizes_are_a_side_or_height_x_width() {
+        assert_eq!(parse_image_size("32"), Ok([32, 32]));
+        assert_eq!(parse_image_size("24x48"), Ok([24, 48]));
+        assert!(parse_image_size("24x").is_err());
     }
 }

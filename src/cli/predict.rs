@@ -22,7 +22,8 @@ pub struct PredictArgs {
     /// auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     pub device: DeviceArg,
-    /// Images to classify, any size or colour; light backgrounds are inverted.
+    /// Images to classify (PNG, JPEG), any size or colour: converted as the run's training
+    /// images were (MNIST runs: grey, light backgrounds inverted, 28x28).
     #[arg(required = true, value_name = "IMAGE")]
     pub images: Vec<PathBuf>,
 }
@@ -61,18 +62,24 @@ impl BackendTask for PredictTask {
             images,
         } = self;
         let model = run.load_model::<B::InnerBackend>(&config, &device)?;
-        let loaded: Vec<Result<_, predict::PredictError>> = images.iter().map(|p| predict::load(p)).collect();
-        let good: Vec<_> = loaded.iter().filter_map(|r| r.as_ref().ok().copied()).collect();
-        let mut probs = predict::probabilities(&model, &good, config.normalization, &device).into_iter();
+        let prepare = predict::Prepare::of(&config);
+        let loaded: Vec<Result<_, predict::PredictError>> =
+            images.iter().map(|p| predict::load_as(p, prepare)).collect();
+        let good: Vec<Vec<u8>> = loaded.iter().filter_map(|r| r.as_ref().ok().cloned()).collect();
+        let mut probs =
+            predict::probabilities(&model, &good, prepare.shape(), &config.normalization, &device)
+                .into_iter();
         let mut entries = Vec::new();
         let mut failed = Vec::new();
         for (path, result) in images.iter().zip(&loaded) {
             let file = path.display().to_string();
             match result {
                 Ok(_) => {
-                    let p = predict::top3(&file, &probs.next().expect("one row per image"));
+                    let names = config.class_names();
+                    let name = |c: usize| names.get(c).cloned().unwrap_or_else(|| c.to_string());
+                    let p = predict::top3(&file, &probs.next().expect("one row per image"), name);
                     if !json {
-                        println!("{}", p.text(config.dataset));
+                        println!("{}", p.text(&config));
                     }
                     entries.push(serde_json::to_value(&p)?);
                 }

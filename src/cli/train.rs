@@ -10,7 +10,7 @@ use super::DataArgs;
 use crate::backend::{self, BackendTask, DeviceArg, DeviceInfo};
 use crate::checkpoint::RunDir;
 use crate::config::{ConfigError, Recipe, TrainConfig};
-use crate::data::Mnist;
+use crate::data::{Data, DatasetSpec, Normalization, PerChannel};
 use crate::model::ModelKind;
 use crate::optim::{Anneal, OneCycle, OptimizerKind, Schedule};
 use crate::train::Splits;
@@ -127,13 +127,17 @@ pub struct TrainArgs {
     pub max_momentum: Option<f64>,
     #[arg(long, help = per_recipe("Random seed: initial weights, shuffling and dropout", |c| c.seed.to_string()))]
     pub seed: Option<u64>,
-    #[arg(long, help = per_recipe(
-        "Input normalisation mean, on the 0..1 pixel scale: x = (pixel / 255 - mean) / std",
+    #[arg(long, value_delimiter = ',', value_name = "MEAN[,MEAN,MEAN]", help = per_recipe(
+        "Input normalisation mean, on the 0..1 pixel scale, one value or one per channel: x = (pixel / 255 - mean) / std. \
+         CIFAR and folders: computed from the training images unless given",
         |c| c.normalization.mean.to_string(),
     ))]
-    pub mean: Option<f32>,
-    #[arg(long, help = per_recipe("Input normalisation standard deviation", |c| c.normalization.std.to_string()))]
-    pub std: Option<f32>,
+    pub mean: Option<Vec<f32>>,
+    #[arg(long, value_delimiter = ',', value_name = "STD[,STD,STD]", help = per_recipe(
+        "Input normalisation standard deviation, one value or one per channel",
+        |c| c.normalization.std.to_string(),
+    ))]
+    pub std: Option<Vec<f32>>,
     #[arg(long, value_name = "N", help = per_recipe(
         "Hold out the first N training images for validation",
         |c| c.valid_size.to_string(),
@@ -163,7 +167,8 @@ pub struct TrainArgs {
         "weight_decay", "seed", "mean", "std", "valid_size", "limit_train", "limit_test", "run_dir", "dataset",
         "no_decay_1d", "momentum", "dampening", "nesterov", "label_smoothing", "schedule", "warmup_steps",
         "pct_start", "anneal", "div_factor", "final_div_factor", "three_phase", "cycle_momentum",
-        "base_momentum", "max_momentum", "translate", "flip", "target_accuracy",
+        "base_momentum", "max_momentum", "translate", "flip", "target_accuracy", "image_size", "channels",
+        "val_fraction", "skip_bad_images",
     ])]
     pub resume: Option<PathBuf>,
     /// Print only the final result (no progress bars, no per-epoch lines).
@@ -224,9 +229,13 @@ impl TrainArgs {
             ($($field:ident),*) => {$( if let Some(v) = self.$field { o.$field = v; } )*};
         }
         set_optim!(weight_decay, no_decay_1d, momentum, dampening, nesterov);
-        if let Some(d) = self.data.dataset {
-            c.dataset = d;
+        if let Some(d) = &self.data.dataset {
+            c.dataset = d.clone().absolute();
         }
+        if let Some(f) = self.data.val_fraction {
+            c.val_fraction = f;
+        }
+        c.skip_bad_images = self.data.skip_bad_images;
         if let Some(t) = self.translate {
             c.augment.translate = t;
         }
@@ -236,11 +245,11 @@ impl TrainArgs {
         if self.target_accuracy.is_some() {
             c.target_accuracy = self.target_accuracy;
         }
-        if let Some(mean) = self.mean {
-            c.normalization.mean = mean;
+        if let Some(mean) = &self.mean {
+            c.normalization.mean = PerChannel(mean.clone());
         }
-        if let Some(std) = self.std {
-            c.normalization.std = std;
+        if let Some(std) = &self.std {
+            c.normalization.std = PerChannel(std.clone());
         }
         c.limit_train = self.limit_train;
         c.limit_test = self.limit_test;
@@ -301,18 +310,21 @@ pub fn run(args: TrainArgs) -> Result<()> {
 
 /// A new run: the recipe with the flags' overrides, in a new run directory.
 fn fresh(args: &TrainArgs) -> Result<()> {
-    let config = args.config()?;
+    let mut config = args.config()?;
     config.validate()?;
     // A wrong --device fails before data is read or a run directory is made.
-    backend::resolve(args.device)?;
+    let device = backend::resolve(args.device)?;
     let run = match &args.run_dir {
         Some(dir) => RunDir::create(dir.clone())?,
         None => RunDir::fresh_default(config.recipe.name())?,
     };
     let lock = run.lock()?;
-    let loaded = Mnist::load(&args.data.source(config.dataset))
+    let loaded = crate::data::load(&config.dataset, &args.data.options(&config, &device, true))
         .map_err(anyhow::Error::from)
-        .and_then(|data| Ok(config.check_train_size(data.train.len()).map(|()| data)?));
+        .and_then(|data| {
+            fit_to_data(&mut config, &data, args)?;
+            Ok(data)
+        });
     let data = match loaded {
         Ok(data) => data,
         Err(e) => {
@@ -324,6 +336,45 @@ fn fresh(args: &TrainArgs) -> Result<()> {
     };
     run.save_config(&config)?;
     dispatch(args, config, data, run, false)
+}
+
+/// Completes a new run's settings from its data: the image shape and class names, and the
+/// normalisation statistics of CIFAR and folders (from the images trained on) unless given.
+/// Then checks what depends on them.
+fn fit_to_data(config: &mut TrainConfig, data: &Data, args: &TrainArgs) -> Result<()> {
+    config.input = data.train.shape;
+    if config.dataset.idx().is_none() {
+        config.classes = data.classes.clone();
+        let (_, mut train) = data.train.clone().split_at(config.valid_size);
+        if let Some(n) = config.limit_train {
+            train.truncate(n);
+        }
+        if args.mean.is_none() || args.std.is_none() {
+            let measured = Normalization::of(&train);
+            if args.mean.is_none() {
+                config.normalization.mean = measured.mean;
+            }
+            if args.std.is_none() {
+                config.normalization.std = measured.std;
+            }
+        }
+    }
+    config.check_input()?;
+    config.check_train_size(data.train.len())?;
+    if !args.quiet {
+        print_report(&config.dataset, data);
+    }
+    Ok(())
+}
+
+/// What reading the data found: decode time, skipped files.
+fn print_report(dataset: &DatasetSpec, data: &Data) {
+    if let Some(line) = data.report.summary() {
+        println!("{dataset}: {line}");
+    }
+    if let Some(line) = data.report.skipped_line() {
+        println!("{line}");
+    }
 }
 
 /// `--resume DIR`: the run's own settings; `--epochs N` extends it.
@@ -343,8 +394,17 @@ fn resume(dir: &std::path::Path, args: &TrainArgs) -> Result<()> {
         config.epochs = epochs;
     }
     config.validate()?;
-    backend::resolve(args.device)?;
-    let data = Mnist::load(&args.data.source(config.dataset))?;
+    config.check_input()?;
+    let device = backend::resolve(args.device)?;
+    let data = crate::data::load(&config.dataset, &args.data.options(&config, &device, false))?;
+    if data.train.shape != config.input {
+        anyhow::bail!(
+            "{}: the run was trained on {} images and the data now reads as {}",
+            config.dataset,
+            config.input,
+            data.train.shape
+        );
+    }
     // Only a resume that can start records its new length.
     if args.epochs.is_some() {
         run.save_config(&config)?;
@@ -352,7 +412,17 @@ fn resume(dir: &std::path::Path, args: &TrainArgs) -> Result<()> {
     dispatch(args, config, data, run, true)
 }
 
-fn dispatch(args: &TrainArgs, config: TrainConfig, data: Mnist, run: RunDir, resume: bool) -> Result<()> {
+fn dispatch(args: &TrainArgs, config: TrainConfig, data: Data, run: RunDir, resume: bool) -> Result<()> {
+    if !data.report.skipped.is_empty() {
+        let list: String = data
+            .report
+            .skipped
+            .iter()
+            .map(|(path, why)| format!("{}\t{why}\n", path.display()))
+            .collect();
+        let path = run.file(SKIPPED_FILE);
+        std::fs::write(&path, list).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    }
     crate::run::install_interrupt_handler();
     let task = TrainTask {
         config,
@@ -365,9 +435,12 @@ fn dispatch(args: &TrainArgs, config: TrainConfig, data: Mnist, run: RunDir, res
     backend::dispatch(args.device, task)?
 }
 
+/// The images `--skip-bad-images` skipped, one `PATH<TAB>REASON` line each.
+pub const SKIPPED_FILE: &str = "skipped.txt";
+
 struct TrainTask {
     config: TrainConfig,
-    data: Mnist,
+    data: Data,
     run: RunDir,
     resume: bool,
     save_model: bool,
@@ -387,6 +460,7 @@ impl BackendTask for TrainTask {
             output,
         } = self;
         let splits = Splits::<B::InnerBackend>::upload(&data, &config, &device)?;
+        let skipped = data.report.skipped_line();
         drop(data);
         let start = if resume {
             crate::run::Start::<B>::resume(&run, &config, &device)?
@@ -405,7 +479,13 @@ impl BackendTask for TrainTask {
                 );
             }
         }
-        crate::run::train(&config, &splits, &run, start, save_model, output)?;
+        let result = crate::run::train(&config, &splits, &run, start, save_model, output);
+        if let Some(line) = skipped {
+            if !output.quiet {
+                println!("{line}; listed in {}", run.file(SKIPPED_FILE).display());
+            }
+        }
+        result?;
         Ok(())
     }
 }
@@ -700,8 +780,11 @@ mod tests {
             .iter()
             .map(|a| a.get_id().as_str())
             .collect();
-        // How long it runs, what it prints and saves, where it runs, where the data is read.
+        // How long it runs, what it prints and saves, where it runs, where the data is read and
+        // the memory guards on reading it.
         let allowed = [
+            "max_image_pixels",
+            "max_dataset_memory",
             "resume",
             "epochs",
             "save_model",

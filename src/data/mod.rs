@@ -1,11 +1,16 @@
-//! MNIST-format datasets: locating, downloading, verifying and parsing their files, and putting
-//! a split on the device once.
+//! Datasets: MNIST-format IDX files, CIFAR's binary release and folders of images (one
+//! sub-folder per class); locating, downloading, verifying and decoding them, and putting a
+//! split on the device once.
 
+pub mod cifar;
 mod device;
 mod download;
+pub mod folder;
 pub mod idx;
+mod spec;
 
-pub use device::{indices, DeviceSplit, Normalization};
+pub use device::{indices, DeviceSplit, Normalization, PerChannel};
+pub use spec::{convert, load, DatasetSpec, LoadOptions, LoadReport, DEFAULT_MAX_IMAGE_PIXELS};
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -14,12 +19,50 @@ use clap::ValueEnum;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// Side of every image in the supported datasets.
+/// Side of every image in the MNIST-format datasets.
 pub const IMAGE_SIDE: usize = 28;
-/// Pixels per image.
+/// Pixels per MNIST image.
 pub const IMAGE_PIXELS: usize = IMAGE_SIDE * IMAGE_SIDE;
-/// Classes in the supported datasets.
+/// Classes in the MNIST-format datasets.
 pub const NUM_CLASSES: usize = 10;
+
+/// The shape of one image as the models see it: channels (1 grey, 3 RGB), height, width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ImageShape {
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+}
+
+impl ImageShape {
+    /// MNIST's and Fashion-MNIST's single-channel 28x28.
+    pub const MNIST: Self = Self {
+        channels: 1,
+        height: IMAGE_SIDE,
+        width: IMAGE_SIDE,
+    };
+
+    /// Values per image.
+    pub fn len(&self) -> usize {
+        self.channels * self.height * self.width
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Default for ImageShape {
+    fn default() -> Self {
+        Self::MNIST
+    }
+}
+
+impl fmt::Display for ImageShape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}x{}x{}", self.channels, self.height, self.width)
+    }
+}
 
 /// Errors from reading datasets; each names the file or directory at fault.
 #[derive(Debug, thiserror::Error)]
@@ -50,21 +93,50 @@ pub enum DataError {
     #[error("{}: SHA-256 of the decompressed data is {actual}, expected {expected}; the file is corrupt or not {dataset}'s {file}", path.display())]
     Checksum {
         path: PathBuf,
-        dataset: Dataset,
+        dataset: String,
         file: &'static str,
         actual: String,
         expected: &'static str,
     },
     #[error("{dataset} files missing in {}: {}; {}", dir.display(), missing.join(", "), hint)]
     Missing {
-        dataset: Dataset,
+        dataset: String,
         dir: PathBuf,
         missing: Vec<String>,
         hint: String,
     },
+    #[error("{}: {reason} (--skip-bad-images skips such files and counts them)", path.display())]
+    BadImage { path: PathBuf, reason: String },
+    #[error(
+        "{dataset}: {images} images of {shape} need {} on the device as f32, above the {} budget \
+         (--max-dataset-memory, {budget_source}); lower --image-size, use --channels 1, or raise --max-dataset-memory",
+        crate::memory::bytes(*.need), crate::memory::bytes(*.budget)
+    )]
+    TooLarge {
+        dataset: String,
+        images: usize,
+        shape: ImageShape,
+        need: u64,
+        budget: u64,
+        budget_source: String,
+    },
 }
 
-/// The datasets ember knows: same format, same sizes, different pictures.
+/// Fashion-MNIST's class names, label order.
+const FASHION: [&str; NUM_CLASSES] = [
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
+];
+
+/// The MNIST-format datasets ember knows: same format, same sizes, different pictures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Dataset {
@@ -156,20 +228,17 @@ impl Dataset {
         }
     }
 
-    /// A class's name: the digit for MNIST, the garment for Fashion-MNIST.
+    /// A class's plain name: the digit for MNIST, the garment for Fashion-MNIST.
+    pub fn label(self, class: usize) -> String {
+        match self {
+            Dataset::Mnist => class.to_string(),
+            Dataset::FashionMnist => FASHION.get(class).map_or(class.to_string(), |n| n.to_string()),
+        }
+    }
+
+    /// A class's name as `ember predict` prints it: the digit for MNIST, "3 (Dress)" for
+    /// Fashion-MNIST.
     pub fn class_name(self, class: usize) -> String {
-        const FASHION: [&str; NUM_CLASSES] = [
-            "T-shirt/top",
-            "Trouser",
-            "Pullover",
-            "Dress",
-            "Coat",
-            "Sandal",
-            "Shirt",
-            "Sneaker",
-            "Bag",
-            "Ankle boot",
-        ];
         match self {
             Dataset::Mnist => class.to_string(),
             Dataset::FashionMnist => FASHION
@@ -184,11 +253,13 @@ impl Dataset {
     }
 }
 
-/// Images and labels of one split, on the host, as stored: `u8` pixels, row-major 28x28.
+/// Images and labels of one split, on the host, as stored: `u8` pixels, each image
+/// channel-major then row-major (`[channels, height, width]`, as a tensor wants them).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Split {
     pub images: Vec<u8>,
-    pub labels: Vec<u8>,
+    pub labels: Vec<u16>,
+    pub shape: ImageShape,
 }
 
 impl Split {
@@ -205,24 +276,34 @@ impl Split {
     pub fn split_at(mut self, n: usize) -> (Split, Split) {
         let n = n.min(self.len());
         let rest = Split {
-            images: self.images.split_off(n * IMAGE_PIXELS),
+            images: self.images.split_off(n * self.shape.len()),
             labels: self.labels.split_off(n),
+            shape: self.shape,
         };
         (self, rest)
     }
 
     /// Keeps the first `n` examples.
     pub fn truncate(&mut self, n: usize) {
-        self.images.truncate(n * IMAGE_PIXELS);
+        self.images.truncate(n * self.shape.len());
         self.labels.truncate(n);
+    }
+
+    /// Image `i`'s pixels.
+    pub fn image(&self, i: usize) -> &[u8] {
+        let n = self.shape.len();
+        &self.images[i * n..(i + 1) * n]
     }
 }
 
-/// A dataset's train and test splits.
+/// A dataset's train and test splits and its class names (index = label).
 #[derive(Clone, Debug)]
-pub struct Mnist {
+pub struct Data {
     pub train: Split,
     pub test: Split,
+    pub classes: Vec<String>,
+    /// How the data was read: decode time, skipped files, resizing.
+    pub report: LoadReport,
 }
 
 /// How to find a dataset's files.
@@ -234,10 +315,10 @@ pub struct Source {
     pub download: bool,
 }
 
-impl Mnist {
-    /// Loads both splits from `source.dir`, downloading missing files first when allowed.
+impl Data {
+    /// Loads an MNIST-format dataset's both splits from `source.dir`, downloading missing files first when allowed.
     /// Each file is `<name>.gz` or `<name>`; its decompressed bytes must match the known SHA-256.
-    pub fn load(source: &Source) -> Result<Mnist, DataError> {
+    pub fn load(source: &Source) -> Result<Data, DataError> {
         let paths = locate(source)?;
         let files = source.dataset.files();
         let mut parts = Vec::with_capacity(4);
@@ -253,12 +334,17 @@ impl Mnist {
             check_split(images_path, &images, labels_path, &labels)?;
             Ok(Split {
                 images: images.data,
-                labels: labels.data,
+                labels: labels.data.iter().map(|&l| u16::from(l)).collect(),
+                shape: ImageShape::MNIST,
             })
         };
-        Ok(Mnist {
+        Ok(Data {
             train: split()?,
             test: split()?,
+            classes: (0..NUM_CLASSES)
+                .map(|c| source.dataset.label(c).to_string())
+                .collect(),
+            report: LoadReport::default(),
         })
     }
 }
@@ -294,7 +380,7 @@ fn locate(source: &Source) -> Result<[PathBuf; 4], DataError> {
         };
         if let Some(failure) = failure {
             return Err(DataError::Missing {
-                dataset: source.dataset,
+                dataset: source.dataset.to_string(),
                 dir: source.dir.clone(),
                 missing: names,
                 hint: format!(
@@ -322,7 +408,7 @@ fn verify(path: &Path, dataset: Dataset, spec: &FileSpec, parsed: &idx::Idx) -> 
     if actual != spec.sha256 {
         return Err(DataError::Checksum {
             path: path.to_owned(),
-            dataset,
+            dataset: dataset.to_string(),
             file: spec.name,
             actual,
             expected: spec.sha256,
@@ -393,7 +479,7 @@ pub(crate) mod tests {
 
     #[test]
     fn loads_real_mnist_with_known_sums() {
-        let data = Mnist::load(&Source {
+        let data = Data::load(&Source {
             dataset: Dataset::Mnist,
             dir: repo_mnist(),
             download: false,
@@ -424,7 +510,7 @@ pub(crate) mod tests {
             &labels,
             &idx::encode(idx::LABELS_MAGIC, &parsed.dims, &parsed.data),
         );
-        let err = Mnist::load(&Source {
+        let err = Data::load(&Source {
             dataset: Dataset::Mnist,
             dir: dir.path().to_owned(),
             download: false,
@@ -446,7 +532,7 @@ pub(crate) mod tests {
             dir.path().join("t10k-labels-idx1-ubyte.gz"),
         )
         .unwrap();
-        let err = Mnist::load(&Source {
+        let err = Data::load(&Source {
             dataset: Dataset::Mnist,
             dir: dir.path().to_owned(),
             download: false,
@@ -487,6 +573,7 @@ pub(crate) mod tests {
         let s = Split {
             images: (0..3 * IMAGE_PIXELS).map(|i| (i / IMAGE_PIXELS) as u8).collect(),
             labels: vec![0, 1, 2],
+            shape: ImageShape::MNIST,
         };
         let (a, b) = s.split_at(1);
         assert_eq!((a.labels, b.labels), (vec![0], vec![1, 2]));

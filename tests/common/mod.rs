@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
-use ember::data::{Dataset, Mnist, Source};
+use ember::data::{Data, Dataset, Source};
 
 /// The release `ember` binary, offline, with no data folder from the user's environment.
 pub fn ember() -> assert_cmd::Command {
@@ -44,8 +44,8 @@ pub fn import_fixture(out: &Path) {
 }
 
 /// The repository's MNIST, loaded offline.
-pub fn load_mnist() -> Mnist {
-    Mnist::load(&Source {
+pub fn load_mnist() -> Data {
+    Data::load(&Source {
         dataset: Dataset::Mnist,
         dir: repo_mnist(),
         download: false,

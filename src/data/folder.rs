@@ -1,0 +1,610 @@
+//! Folders of images, one sub-folder per class, as torchvision's `ImageFolder` and
+//! burn-dataset's `ImageFolderDataset` read them: classes are the sub-folders' names in sorted
+//! order (label = position), files are found recursively below each and taken in path order.
+//! `ROOT/train/` with `ROOT/test/` (or `ROOT/val/`) gives the test set; otherwise a fraction of
+//! each class is held out.
+//!
+//! burn-dataset's loader is not used for the decoding: it panics on an unreadable file
+//! (`image::open(..).unwrap()`), has no size limit, and stores each pixel as an enum (24 bytes
+//! for a grey byte). Here every file's header is read first (size, colour), each image is
+//! checked against a pixel budget before any pixel is decoded, the whole set's device memory is
+//! estimated before decoding, and the images are decoded in parallel straight into one `u8`
+//! buffer.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use image::imageops::FilterType;
+use image::{DynamicImage, ImageDecoder};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rayon::prelude::*;
+
+use super::spec::{check_memory, LoadOptions, LoadReport};
+use super::{Data, DataError, ImageShape, Split};
+
+/// The file names read as images (case-insensitive); others are counted and left alone.
+pub const EXTENSIONS: [&str; 3] = ["png", "jpg", "jpeg"];
+
+/// The longest side decoded: JPEG's format limit, and far past any camera.
+pub const MAX_SIDE: u32 = 65_535;
+
+/// The seed of the held-out split: fixed, so that a run's test set does not move with `--seed`.
+const HOLDOUT_SEED: u64 = 0x5EED_7E57;
+
+/// One image file and its label.
+#[derive(Clone, Debug)]
+struct Entry {
+    path: PathBuf,
+    label: u16,
+}
+
+/// What a file's header says.
+#[derive(Clone, Copy, Debug)]
+struct Header {
+    width: u32,
+    height: u32,
+    colour: bool,
+}
+
+/// Reads the folder at `root` (`name` is how errors and the report call it).
+pub fn load(root: &Path, name: &str, options: &LoadOptions) -> Result<Data, DataError> {
+    // Timed from the start: listing and reading headers are part of reading a folder.
+    let started = Instant::now();
+    let invalid = |path: &Path, reason: String| DataError::Invalid {
+        path: path.to_owned(),
+        reason,
+    };
+    if !root.is_dir() {
+        return Err(invalid(
+            root,
+            "not a folder; --dataset folder:PATH takes a folder with one sub-folder of images per class \
+             (or train/ and test/ or val/ folders of them)"
+                .into(),
+        ));
+    }
+    let (train_dir, test_dir) = match root.join("train") {
+        t if t.is_dir() => {
+            let test = ["test", "val"].iter().map(|n| root.join(n)).find(|p| p.is_dir());
+            (t, test)
+        }
+        _ => (root.to_owned(), None),
+    };
+    let classes = class_names(&train_dir)?;
+    if classes.len() > usize::from(u16::MAX) + 1 {
+        return Err(invalid(
+            &train_dir,
+            format!("{} class folders, more than 65,536", classes.len()),
+        ));
+    }
+    let mut report = LoadReport::default();
+    let (mut train, ignored) = list(&train_dir, &classes, &train_dir)?;
+    report.ignored += ignored;
+    let mut test = match &test_dir {
+        Some(dir) => {
+            let test_classes = class_names(dir)?;
+            if let Some(extra) = test_classes.iter().find(|c| !classes.contains(c)) {
+                return Err(invalid(
+                    &dir.join(extra),
+                    format!(
+                        "class folder not in {}: the test set can only use the training set's classes",
+                        train_dir.display()
+                    ),
+                ));
+            }
+            let (entries, ignored) = list(dir, &classes, dir)?;
+            report.ignored += ignored;
+            report.test_from = format!("{}/", dir.file_name().unwrap_or_default().to_string_lossy());
+            entries
+        }
+        None => Vec::new(),
+    };
+
+    // Headers first: sizes and colour, each checked against the budget before decoding.
+    let headers_of = |entries: &mut Vec<Entry>, report: &mut LoadReport| -> Result<Vec<Header>, DataError> {
+        let read: Vec<Result<Header, DataError>> = entries
+            .par_iter()
+            .map(|e| header(&e.path, options.max_image_pixels))
+            .collect();
+        keep_good(entries, read, options.skip_bad_images, report)
+    };
+    let mut train_headers = headers_of(&mut train, &mut report)?;
+    let mut test_headers = headers_of(&mut test, &mut report)?;
+    if test_dir.is_none() {
+        if !(options.val_fraction > 0.0 && options.val_fraction < 1.0) {
+            return Err(invalid(
+                root,
+                format!(
+                    "no test set: put one in {} or {} next to train/, or hold out part of each class with --val-fraction (between 0 and 1, got {})",
+                    root.join("test").display(),
+                    root.join("val").display(),
+                    options.val_fraction
+                ),
+            ));
+        }
+        let held = hold_out(&train, classes.len(), options.val_fraction);
+        let (mut kept, mut kept_h, mut out, mut out_h) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for (i, (e, h)) in train.into_iter().zip(train_headers).enumerate() {
+            if held[i] {
+                out.push(e);
+                out_h.push(h);
+            } else {
+                kept.push(e);
+                kept_h.push(h);
+            }
+        }
+        (train, train_headers, test, test_headers) = (kept, kept_h, out, out_h);
+        report.test_from = format!("{}% of each class, held out", options.val_fraction * 100.0);
+    }
+    for (label, class) in classes.iter().enumerate() {
+        if !train.iter().any(|e| usize::from(e.label) == label) {
+            return Err(invalid(
+                &train_dir.join(class),
+                "no readable training image in this class folder".into(),
+            ));
+        }
+    }
+    if test.is_empty() {
+        return Err(invalid(
+            test_dir.as_deref().unwrap_or(root),
+            "the test set is empty: no readable image".into(),
+        ));
+    }
+
+    let all = || train_headers.iter().chain(&test_headers);
+    let first = train_headers[0];
+    let uniform = all().all(|h| (h.width, h.height) == (first.width, first.height));
+    let [height, width] = options.image_size.unwrap_or(if uniform {
+        [first.height as usize, first.width as usize]
+    } else {
+        options.fallback_size
+    });
+    let shape = ImageShape {
+        channels: options
+            .channels
+            .unwrap_or(if all().any(|h| h.colour) { 3 } else { 1 }),
+        height,
+        width,
+    };
+    check_memory(name, train.len() + test.len(), shape, options)?;
+    report.resized = all()
+        .filter(|h| (h.height as usize, h.width as usize) != (height, width))
+        .count();
+
+    let bar = options.progress.then(|| progress_bar(train.len() + test.len()));
+    let decode = |entries: &mut Vec<Entry>, report: &mut LoadReport| -> Result<Split, DataError> {
+        let mut images = vec![0u8; entries.len() * shape.len()];
+        let done = AtomicUsize::new(0);
+        let results: Vec<Result<(), DataError>> = images
+            .par_chunks_mut(shape.len())
+            .zip(entries.par_iter())
+            .map(|(out, e)| {
+                let r = decode_into(&e.path, shape, options.max_image_pixels, out);
+                if let Some(bar) = &bar {
+                    bar.inc(1);
+                }
+                done.fetch_add(1, Ordering::Relaxed);
+                r
+            })
+            .collect();
+        // Compacts the buffer over the images that failed (skipped) or stops at the first.
+        let mut good = 0;
+        let mut kept = Vec::with_capacity(entries.len());
+        let mut failures = Vec::new();
+        for (i, (r, e)) in results.into_iter().zip(entries.drain(..)).enumerate() {
+            match r {
+                Ok(()) => {
+                    if good != i {
+                        images.copy_within(i * shape.len()..(i + 1) * shape.len(), good * shape.len());
+                    }
+                    good += 1;
+                    kept.push(e);
+                }
+                Err(err) if options.skip_bad_images => failures.push((e.path, reason(&err))),
+                Err(err) => return Err(err),
+            }
+        }
+        report.skipped.extend(failures);
+        images.truncate(good * shape.len());
+        report.decoded += good;
+        let labels = kept.iter().map(|e| e.label).collect();
+        *entries = kept;
+        Ok(Split {
+            images,
+            labels,
+            shape,
+        })
+    };
+    let train_split = decode(&mut train, &mut report)?;
+    let test_split = decode(&mut test, &mut report)?;
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    report.decode_seconds = started.elapsed().as_secs_f64();
+    if train_split.is_empty() || test_split.is_empty() {
+        return Err(invalid(
+            root,
+            "no readable image left in the training or test set".into(),
+        ));
+    }
+    Ok(Data {
+        train: train_split,
+        test: test_split,
+        classes,
+        report,
+    })
+}
+
+fn reason(e: &DataError) -> String {
+    match e {
+        DataError::BadImage { reason, .. } => reason.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Drops the entries whose header could not be read (counting them) or stops at the first.
+fn keep_good(
+    entries: &mut Vec<Entry>,
+    read: Vec<Result<Header, DataError>>,
+    skip: bool,
+    report: &mut LoadReport,
+) -> Result<Vec<Header>, DataError> {
+    let mut headers = Vec::with_capacity(read.len());
+    let mut kept = Vec::with_capacity(read.len());
+    for (r, e) in read.into_iter().zip(entries.drain(..)) {
+        match r {
+            Ok(h) => {
+                headers.push(h);
+                kept.push(e);
+            }
+            Err(err) if skip => report.skipped.push((e.path, reason(&err))),
+            Err(err) => return Err(err),
+        }
+    }
+    *entries = kept;
+    Ok(headers)
+}
+
+/// The class folders in `dir`, sorted by name (hidden folders left out).
+fn class_names(dir: &Path) -> Result<Vec<String>, DataError> {
+    let read = std::fs::read_dir(dir).map_err(|error| DataError::Io {
+        path: dir.to_owned(),
+        error,
+    })?;
+    let mut names = Vec::new();
+    for entry in read {
+        let entry = entry.map_err(|error| DataError::Io {
+            path: dir.to_owned(),
+            error,
+        })?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') && entry.path().is_dir() {
+            names.push(name);
+        }
+    }
+    names.sort();
+    if names.is_empty() {
+        return Err(DataError::Invalid {
+            path: dir.to_owned(),
+            reason: "no class folders: put each class's images in a sub-folder named after the class".into(),
+        });
+    }
+    Ok(names)
+}
+
+/// Every image file below `dir/<class>` for each class present, with its label, in path order;
+/// and how many other files there were.
+fn list(dir: &Path, classes: &[String], shown: &Path) -> Result<(Vec<Entry>, usize), DataError> {
+    let mut entries = Vec::new();
+    let mut ignored = 0;
+    for (label, class) in classes.iter().enumerate() {
+        let class_dir = dir.join(class);
+        if !class_dir.is_dir() {
+            continue;
+        }
+        let walk = walkdir::WalkDir::new(&class_dir)
+            .follow_links(true)
+            .sort_by_file_name();
+        for item in walk {
+            let item = item.map_err(|e| DataError::Invalid {
+                path: e.path().unwrap_or(shown).to_owned(),
+                reason: e.to_string(),
+            })?;
+            if !item.file_type().is_file() {
+                continue;
+            }
+            let name = item.file_name().to_string_lossy();
+            if name.starts_with('.') {
+                continue;
+            }
+            let is_image = item
+                .path()
+                .extension()
+                .map(|x| x.to_string_lossy().to_ascii_lowercase())
+                .is_some_and(|x| EXTENSIONS.contains(&x.as_str()));
+            if is_image {
+                entries.push(Entry {
+                    path: item.into_path(),
+                    label: label as u16,
+                });
+            } else {
+                ignored += 1;
+            }
+        }
+    }
+    Ok((entries, ignored))
+}
+
+/// Which entries to hold out: `fraction` of each class (rounded, at least one when the class
+/// has two or more), drawn with a fixed seed.
+fn hold_out(entries: &[Entry], classes: usize, fraction: f64) -> Vec<bool> {
+    let mut held = vec![false; entries.len()];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(HOLDOUT_SEED);
+    for class in 0..classes {
+        let mut members: Vec<usize> = (0..entries.len())
+            .filter(|&i| usize::from(entries[i].label) == class)
+            .collect();
+        let n = members.len();
+        let take = ((n as f64 * fraction).round() as usize).clamp(usize::from(n >= 2), n.saturating_sub(1));
+        members.shuffle(&mut rng);
+        for &i in &members[..take] {
+            held[i] = true;
+        }
+    }
+    held
+}
+
+fn bad(path: &Path, reason: impl Into<String>) -> DataError {
+    DataError::BadImage {
+        path: path.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+/// A decoder for `path`, its format told by its first bytes (not its name): PNG's signature or
+/// JPEG's start-of-image marker.
+fn open(path: &Path) -> Result<image::ImageReader<std::io::BufReader<std::fs::File>>, DataError> {
+    let mut start = [0u8; 8];
+    let mut file = std::fs::File::open(path).map_err(|e| bad(path, e.to_string()))?;
+    let n = std::io::Read::read(&mut file, &mut start).map_err(|e| bad(path, e.to_string()))?;
+    let format = match &start[..n] {
+        [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A] => image::ImageFormat::Png,
+        [0xFF, 0xD8, 0xFF, ..] => image::ImageFormat::Jpeg,
+        _ => return Err(bad(path, "not a PNG or JPEG image (its first bytes are neither)")),
+    };
+    let mut reader = image::ImageReader::open(path).map_err(|e| bad(path, e.to_string()))?;
+    reader.set_format(format);
+    Ok(reader)
+}
+
+/// The file's size and colour from its header, checked against the per-image budget.
+fn header(path: &Path, max_pixels: u64) -> Result<Header, DataError> {
+    let decoder = open(path)?
+        .into_decoder()
+        .map_err(|e| bad(path, format!("unreadable header: {e}")))?;
+    let (width, height) = decoder.dimensions();
+    check_size(path, width, height, max_pixels)?;
+    use image::ColorType::*;
+    let colour = !matches!(decoder.color_type(), L8 | La8 | L16 | La16);
+    Ok(Header {
+        width,
+        height,
+        colour,
+    })
+}
+
+fn check_size(path: &Path, width: u32, height: u32, max_pixels: u64) -> Result<(), DataError> {
+    if width == 0 || height == 0 {
+        return Err(bad(path, format!("{width}x{height} pixels: empty")));
+    }
+    if width.max(height) > MAX_SIDE {
+        return Err(bad(
+            path,
+            format!("{width}x{height} pixels: a side longer than {MAX_SIDE}, the most ember decodes"),
+        ));
+    }
+    let pixels = u64::from(width) * u64::from(height);
+    if pixels > max_pixels {
+        return Err(bad(
+            path,
+            format!("{width}x{height} = {pixels} pixels, above the per-image budget of {max_pixels} (--max-image-pixels)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Decodes `path` into `out` as `shape` (channel-major), within the pixel budget whatever the
+/// file claims past its header.
+fn decode_into(path: &Path, shape: ImageShape, max_pixels: u64, out: &mut [u8]) -> Result<(), DataError> {
+    let mut reader = open(path)?;
+    let mut limits = image::Limits::default();
+    let side = u32::try_from(max_pixels.min(u64::from(MAX_SIDE))).unwrap_or(MAX_SIDE);
+    limits.max_image_width = Some(side);
+    limits.max_image_height = Some(side);
+    // 16-bit RGBA is the widest layout decoded: 8 bytes a pixel.
+    limits.max_alloc = Some(max_pixels.saturating_mul(8).saturating_add(1 << 20));
+    reader.limits(limits);
+    let img = reader.decode().map_err(|e| bad(path, e.to_string()))?;
+    check_size(path, img.width(), img.height(), max_pixels)?;
+    to_chw(&img, shape, out);
+    Ok(())
+}
+
+/// `img` as `shape`, channel-major, into `out`: grey as luma, colour as RGB (alpha dropped, as
+/// PIL's `convert` does), resized with a triangle (bilinear) filter when the size differs.
+pub fn to_chw(img: &DynamicImage, shape: ImageShape, out: &mut [u8]) {
+    let (w, h) = (shape.width as u32, shape.height as u32);
+    let resize = |img: DynamicImage| {
+        if (img.width(), img.height()) == (w, h) {
+            img
+        } else {
+            img.resize_exact(w, h, FilterType::Triangle)
+        }
+    };
+    let plane = shape.height * shape.width;
+    match shape.channels {
+        1 => {
+            let grey = resize(DynamicImage::ImageLuma8(img.to_luma8())).into_luma8();
+            out.copy_from_slice(grey.as_raw());
+        }
+        _ => {
+            let rgb = resize(DynamicImage::ImageRgb8(img.to_rgb8())).into_rgb8();
+            for (i, px) in rgb.as_raw().chunks_exact(3).enumerate() {
+                for c in 0..3 {
+                    out[c * plane + i] = px[c];
+                }
+            }
+        }
+    }
+}
+
+/// A channel-major image back into an `image` one (grey or RGB).
+pub fn from_chw(pixels: &[u8], shape: ImageShape) -> DynamicImage {
+    let (w, h) = (shape.width as u32, shape.height as u32);
+    let plane = shape.height * shape.width;
+    if shape.channels == 1 {
+        let grey = image::GrayImage::from_raw(w, h, pixels.to_vec()).expect("one plane");
+        return DynamicImage::ImageLuma8(grey);
+    }
+    let mut rgb = Vec::with_capacity(plane * 3);
+    for i in 0..plane {
+        for c in 0..3 {
+            rgb.push(pixels[c * plane + i]);
+        }
+    }
+    DynamicImage::ImageRgb8(image::RgbImage::from_raw(w, h, rgb).expect("three planes"))
+}
+
+fn progress_bar(len: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(len as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("decoding {bar:40} {pos}/{len} images {per_sec} {eta}")
+            .expect("valid template"),
+    );
+    bar
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn png(path: &Path, w: u32, h: u32, colour: bool) {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        if colour {
+            image::RgbImage::from_fn(w, h, |x, y| image::Rgb([(x * 7) as u8, (y * 5) as u8, 200]))
+                .save(path)
+                .unwrap();
+        } else {
+            image::GrayImage::from_fn(w, h, |x, y| image::Luma([(x + y) as u8]))
+                .save(path)
+                .unwrap();
+        }
+    }
+
+    #[test]
+    fn classes_are_sorted_folders_and_files_in_path_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for (class, files) in [("b", 3), ("a", 2)] {
+            for i in 0..files {
+                png(
+                    &root.join("train").join(class).join(format!("{i}.png")),
+                    4,
+                    4,
+                    false,
+                );
+                png(
+                    &root.join("test").join(class).join(format!("{i}.png")),
+                    4,
+                    4,
+                    false,
+                );
+            }
+        }
+        std::fs::write(root.join("train/a/notes.txt"), "not an image").unwrap();
+        let data = load(root, "folder", &LoadOptions::default()).unwrap();
+        assert_eq!(data.classes, ["a", "b"]);
+        assert_eq!(data.train.labels, [0, 0, 1, 1, 1]);
+        assert_eq!(data.test.len(), 5);
+        assert_eq!(
+            data.train.shape,
+            ImageShape {
+                channels: 1,
+                height: 4,
+                width: 4
+            }
+        );
+        assert_eq!(data.report.ignored, 1);
+        assert_eq!(data.report.test_from, "test/");
+    }
+
+    #[test]
+    fn one_colour_image_makes_the_set_rgb_and_sizes_fall_back_to_the_recipe() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for i in 0..10 {
+            png(&root.join("x").join(format!("{i}.png")), 8, 8, i == 3);
+            png(&root.join("y").join(format!("{i}.png")), 8 + i, 8, false);
+        }
+        let options = LoadOptions {
+            val_fraction: 0.2,
+            fallback_size: [6, 6],
+            ..LoadOptions::default()
+        };
+        let data = load(root, "folder", &options).unwrap();
+        assert_eq!(
+            data.train.shape,
+            ImageShape {
+                channels: 3,
+                height: 6,
+                width: 6
+            }
+        );
+        // 20% of each class of 10, held out with a fixed seed.
+        assert_eq!((data.train.len(), data.test.len()), (16, 4));
+        assert_eq!(data.test.labels.iter().filter(|&&l| l == 0).count(), 2);
+        assert_eq!(data.report.resized, 20);
+        let again = load(root, "folder", &options).unwrap();
+        assert_eq!(again.test, data.test);
+    }
+
+    #[test]
+    fn a_folder_needs_class_folders_and_a_test_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = load(dir.path(), "folder", &LoadOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no class folders"), "{err}");
+        png(&dir.path().join("only/0.png"), 4, 4, false);
+        let options = LoadOptions {
+            val_fraction: 0.0,
+            ..LoadOptions::default()
+        };
+        let err = load(dir.path(), "folder", &options).unwrap_err().to_string();
+        assert!(err.contains("--val-fraction"), "{err}");
+    }
+
+    #[test]
+    fn memory_is_checked_before_decoding() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..4 {
+            png(
+                &dir.path().join("train/a").join(format!("{i}.png")),
+                10,
+                10,
+                false,
+            );
+            png(&dir.path().join("test/a").join(format!("{i}.png")), 10, 10, false);
+        }
+        let options = LoadOptions {
+            max_memory: 1000,
+            memory_source: "given".into(),
+            ..LoadOptions::default()
+        };
+        let err = load(dir.path(), "folder:x", &options).unwrap_err().to_string();
+        // 8 images x (100 x 4 + 8) bytes
+        assert!(err.contains("8 images of 1x10x10 need 3.19 KiB"), "{err}");
+        assert!(err.contains("--max-dataset-memory"), "{err}");
+    }
+}
