@@ -12,7 +12,6 @@
 //! buffer.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use image::{DynamicImage, ImageDecoder};
@@ -174,7 +173,6 @@ pub fn load(root: &Path, name: &str, options: &LoadOptions) -> Result<Data, Data
     let bar = options.progress.then(|| progress_bar(train.len() + test.len()));
     let decode = |entries: &mut Vec<Entry>, report: &mut LoadReport| -> Result<Split, DataError> {
         let mut images = vec![0u8; entries.len() * shape.len()];
-        let done = AtomicUsize::new(0);
         let results: Vec<Result<(), DataError>> = images
             .par_chunks_mut(shape.len())
             .zip(entries.par_iter())
@@ -183,7 +181,6 @@ pub fn load(root: &Path, name: &str, options: &LoadOptions) -> Result<Data, Data
                 if let Some(bar) = &bar {
                     bar.inc(1);
                 }
-                done.fetch_add(1, Ordering::Relaxed);
                 r
             })
             .collect();
