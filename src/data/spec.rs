@@ -243,11 +243,8 @@ pub fn load(spec: &DatasetSpec, options: &LoadOptions) -> Result<Data, DataError
                 )?;
                 cifar::load(*kind, &paths, true)?
             }
-            cifar::Found::Folders(root) => {
-                let mut data = folder::load(&root, &spec.to_string(), options)?;
-                data.classes = kind.classes();
-                data
-            }
+            // Its class folders are CIFAR's names, which sort in label order.
+            cifar::Found::Folders(root) => folder::load(&root, &spec.to_string(), options)?,
         },
         DatasetSpec::Folder(root) => return folder::load(root, &spec.to_string(), options),
     };
@@ -337,6 +334,32 @@ mod tests {
         let err = "cifar".parse::<DatasetSpec>().unwrap_err();
         assert!(err.contains("folder:PATH"), "{err}");
         assert!("folder:".parse::<DatasetSpec>().is_err());
+    }
+
+    #[test]
+    fn burn_datasets_cifar_layout_reads_as_a_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        for (split, class) in [
+            ("train", "cat"),
+            ("train", "airplane"),
+            ("test", "cat"),
+            ("test", "airplane"),
+        ] {
+            let path = dir.path().join(split).join(class).join("0.png");
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            image::RgbImage::from_pixel(32, 32, image::Rgb([1, 2, 3]))
+                .save(&path)
+                .unwrap();
+        }
+        let options = LoadOptions {
+            dir: Some(dir.path().to_owned()),
+            download: false,
+            ..LoadOptions::default()
+        };
+        let data = load(&DatasetSpec::Cifar(Cifar::Ten), &options).unwrap();
+        assert_eq!(data.classes, ["airplane", "cat"]);
+        assert_eq!(data.train.shape, Cifar::Ten.shape());
+        assert_eq!((data.train.len(), data.test.len()), (2, 2));
     }
 
     #[test]
