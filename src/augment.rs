@@ -179,22 +179,33 @@ mod tests {
         let device = Default::default();
         let images =
             Tensor::<TB, 4>::from_data(TensorData::new(pixels.clone(), [batch, channels, h, w]), &device);
-        let on_device = DeviceDraws::<TB>::upload(&draws, &[-0.5], [h, w], &device);
-        // The batch is positions 1..4 of the epoch.
-        let moved: Vec<f32> = on_device.apply(images, 1..4).into_data().to_vec().unwrap();
-        for b in 0..batch {
-            for c in 0..channels {
-                let at = (b * channels + c) * h * w;
-                let want = reference(
-                    &pixels[at..at + h * w],
-                    h,
-                    w,
-                    draws.dy[b + 1],
-                    draws.dx[b + 1],
-                    draws.flip[b + 1] == 1,
-                    -0.5,
-                );
-                assert_eq!(&moved[at..at + h * w], &want[..], "image {b} channel {c}");
+        // One black for every channel, and one per channel (normalised with per-channel means).
+        for fill in [vec![-0.5], vec![-0.5, -2.0]] {
+            let on_device = DeviceDraws::<TB>::upload(&draws, &fill, [h, w], &device);
+            // The batch is positions 1..4 of the epoch.
+            let moved: Vec<f32> = on_device
+                .apply(images.clone(), 1..4)
+                .into_data()
+                .to_vec()
+                .unwrap();
+            for b in 0..batch {
+                for c in 0..channels {
+                    let at = (b * channels + c) * h * w;
+                    let want = reference(
+                        &pixels[at..at + h * w],
+                        h,
+                        w,
+                        draws.dy[b + 1],
+                        draws.dx[b + 1],
+                        draws.flip[b + 1] == 1,
+                        fill[c.min(fill.len() - 1)],
+                    );
+                    assert_eq!(
+                        &moved[at..at + h * w],
+                        &want[..],
+                        "image {b} channel {c}, fill {fill:?}"
+                    );
+                }
             }
         }
     }
