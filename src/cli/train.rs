@@ -342,6 +342,9 @@ fn fresh(args: &TrainArgs) -> Result<()> {
 /// normalisation statistics of CIFAR and folders (from the images trained on) unless given.
 /// Then checks what depends on them.
 fn fit_to_data(config: &mut TrainConfig, data: &Data, args: &TrainArgs) -> Result<()> {
+    if !args.quiet {
+        print_report(&config.dataset, data);
+    }
     config.input = data.train.shape;
     if config.dataset.idx().is_none() {
         config.classes = data.classes.clone();
@@ -357,13 +360,18 @@ fn fit_to_data(config: &mut TrainConfig, data: &Data, args: &TrainArgs) -> Resul
             if args.std.is_none() {
                 config.normalization.std = measured.std;
             }
+            if !args.quiet {
+                println!(
+                    "normalisation from the {} training images: mean {} std {} (saved in config.json)",
+                    train.len(),
+                    config.normalization.mean,
+                    config.normalization.std
+                );
+            }
         }
     }
     config.check_input()?;
     config.check_train_size(data.train.len())?;
-    if !args.quiet {
-        print_report(&config.dataset, data);
-    }
     Ok(())
 }
 
