@@ -9,7 +9,7 @@
 # Two folders built from Fashion-MNIST's 10,000 test images (benches/pytorch/make_image_folder.py):
 # png28 (grey 28x28 PNG, read as 1 channel) and jpeg256 (colour 256x256 JPEG, read as RGB and
 # resized to 64x64). Each side: one untimed pass (page cache), then REPEAT timed passes; the
-# medians and spreads go to OUT_DIR/results.md and results.json, with lscpu.txt.
+# medians and spreads go to OUT_DIR/decode.md and decode.json (not results.json, the name benchmark records of benches/schema.json take), with lscpu.txt.
 set -euo pipefail
 out=${1:?usage: benches/folder-decode.sh OUT_DIR [PYTHON]}
 py=${2:-python3}
@@ -22,7 +22,7 @@ trap 'rm -rf "$work"' EXIT
 lscpu > "$out/lscpu.txt"
 "$py" benches/pytorch/make_image_folder.py data/fashion-mnist "$work/png28" --format png
 "$py" benches/pytorch/make_image_folder.py data/fashion-mnist "$work/jpeg256" --format jpeg --size 256 --colour
-echo "[" > "$out/results.json"
+echo "[" > "$out/decode.json"
 first=1
 for set in "png28 1 -" "jpeg256 3 64"; do
   read -r name channels size <<< "$set"
@@ -37,7 +37,7 @@ for set in "png28 1 -" "jpeg256 3 64"; do
   done
   "$py" benches/pytorch/imagefolder.py "$work/$name" --channels "$channels" "${py_size[@]}" \
     --workers "$threads" --threads "$threads" --repeat "$repeat" --json "$work/torch.json"
-  "$py" - "$name" "$work/torch.json" "$out/results.json" "$first" "${ember_secs[@]}" <<'PY'
+  "$py" - "$name" "$work/torch.json" "$out/decode.json" "$first" "${ember_secs[@]}" <<'PY'
 import json, statistics, sys
 name, torch_json, out, first = sys.argv[1:5]
 ember = [float(s) for s in sys.argv[5:]]
@@ -58,8 +58,8 @@ print(f"{name}: ember {rec['ember_median']:.3f} s ({rec['ember_images_per_second
 PY
   first=0
 done
-echo "]" >> "$out/results.json"
-"$py" - "$out/results.json" "$threads" > "$out/results.md" <<'PY'
+echo "]" >> "$out/decode.json"
+"$py" - "$out/decode.json" "$threads" > "$out/decode.md" <<'PY'
 import json, sys
 rows = json.load(open(sys.argv[1]))
 print(f"# Reading 10,000 images from a folder ({sys.argv[2]} threads / DataLoader workers each side)\n")
@@ -73,4 +73,4 @@ for r in rows:
           f"| {t['images_per_second']:.0f} | {r['speedup']:.2f}x |")
 print(f"\ntorch {rows[0]['torch']['torch']}, torchvision {rows[0]['torch']['torchvision']}; CPU: lscpu.txt")
 PY
-cat "$out/results.md"
+cat "$out/decode.md"
