@@ -5,7 +5,6 @@
 //! The folder may instead hold burn-dataset's `CifarDataset` layout (`train/` and `test/`
 //! folders of PNGs, one sub-folder per class), read as an image folder.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -410,27 +409,14 @@ fn read_file(
 /// `dir/<release folder>/`.
 fn fetch(kind: Cifar, dir: &Path) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_connect(Some(Duration::from_secs(15)))
-        .timeout_global(Some(Duration::from_secs(1800)))
-        .build()
-        .into();
+    let agent = super::download::agent(Duration::from_secs(1800));
     let url = kind.url();
     eprintln!("downloading {url}");
     let archive = dir.join(format!("{}.tar.gz.part", kind.name()));
     // Both archives are about 170 MB.
     const MAX_BYTES: u64 = 200_000_000;
-    let response = agent.get(url).call().map_err(|e| format!("{url}: {e}"))?;
-    let mut body = response.into_body().into_reader().take(MAX_BYTES + 1);
-    let mut out = std::fs::File::create(&archive).map_err(|e| format!("{}: {e}", archive.display()))?;
-    let copied = std::io::copy(&mut body, &mut out).map_err(|e| format!("{url}: {e}"))?;
-    drop(out);
     let result = (|| {
-        if copied > MAX_BYTES {
-            return Err(format!(
-                "{url}: larger than {MAX_BYTES} bytes, not the CIFAR archive"
-            ));
-        }
+        super::download::get(&agent, url, &archive, MAX_BYTES).map_err(|e| format!("{url}: {e}"))?;
         let mut hasher = Sha256::new();
         let mut f = std::fs::File::open(&archive).map_err(|e| e.to_string())?;
         std::io::copy(&mut f, &mut hasher).map_err(|e| e.to_string())?;

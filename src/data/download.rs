@@ -11,11 +11,7 @@ use super::{idx, verify, Dataset, FileSpec};
 /// order. Returns the last mirror's failure when none served a verified copy.
 pub(super) fn fetch(dataset: Dataset, dir: &Path, missing: &[&FileSpec]) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let agent: ureq::Agent = ureq::Agent::config_builder()
-        .timeout_connect(Some(Duration::from_secs(15)))
-        .timeout_global(Some(Duration::from_secs(600)))
-        .build()
-        .into();
+    let agent = agent(Duration::from_secs(600));
     for spec in missing {
         let file = format!("{}.gz", spec.name);
         let target = dir.join(&file);
@@ -56,8 +52,17 @@ pub(super) fn max_download(spec: &FileSpec) -> u64 {
     len + len / 4096 + 1024
 }
 
+/// An HTTP client that gives up connecting after 15 s and a whole download after `global`.
+pub(super) fn agent(global: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_connect(Some(Duration::from_secs(15)))
+        .timeout_global(Some(global))
+        .build()
+        .into()
+}
+
 /// Saves `url`'s body to `to`; more than `max_bytes` is an error.
-fn get(agent: &ureq::Agent, url: &str, to: &Path, max_bytes: u64) -> Result<(), String> {
+pub(super) fn get(agent: &ureq::Agent, url: &str, to: &Path, max_bytes: u64) -> Result<(), String> {
     let response = agent.get(url).call().map_err(|e| e.to_string())?;
     let mut body = std::io::Read::take(response.into_body().into_reader(), max_bytes + 1);
     let mut out = std::fs::File::create(to).map_err(|e| format!("{}: {e}", to.display()))?;
