@@ -17,7 +17,7 @@ fn step(bencher: divan::Bencher, kind: ModelKind) {
     type B = Autodiff<Cpu>;
     let device = Default::default();
     let mut config = ember::config::Recipe::of_model(kind).config();
-    config.model = kind;
+    config.model = kind.into();
     let images = Tensor::<Cpu, 4>::random([64, 1, 28, 28], Distribution::Default, &device);
     let targets = Tensor::<Cpu, 1, Int>::random([64], Distribution::Uniform(0.0, 10.0), &device);
     let mut optim = config.optimizer.init::<B, _>();

@@ -10,6 +10,8 @@ use std::str::FromStr;
 use burn::backend::Autodiff;
 use burn::tensor::backend::AutodiffBackend;
 
+use crate::model::{EmberModel, Trainable};
+
 #[cfg(feature = "flex")]
 pub type Cpu = burn::backend::Flex;
 #[cfg(all(feature = "ndarray", not(feature = "flex")))]
@@ -140,8 +142,110 @@ pub fn resolve(arg: DeviceArg) -> Result<Resolved, BackendError> {
 
 /// Resolves `arg` and runs `task` on the matching backend, with autodiff.
 pub fn dispatch<T: BackendTask>(arg: DeviceArg, task: T) -> Result<T::Output, BackendError> {
+    on_backend(arg, task)
+}
+
+/// Work for model `D` (ember's or a user's) on any autodiff backend; [`dispatch_model`] picks the
+/// backend. `run` may rely on `D`'s network being trainable there: [`dispatch_model`] checks that
+/// for each backend compiled in, where the backend is a concrete type.
+pub trait ModelTask<D: EmberModel> {
+    type Output;
+    fn run<B: AutodiffBackend>(self, model: &D, device: B::Device, info: DeviceInfo) -> Self::Output
+    where
+        D::Net<B>: Trainable<B>;
+}
+
+/// A model whose network trains on every backend compiled in: every [`EmberModel`] whose
+/// network is a `#[derive(Module)]` struct (the bound is stated once here, not at each use).
+pub trait Trains: EmberModel {
+    /// Resolves `arg` and runs `task` for this model on the matching backend.
+    fn dispatch<T: ModelTask<Self>>(&self, arg: DeviceArg, task: T) -> Result<T::Output, BackendError>;
+}
+
+#[cfg(not(feature = "cuda"))]
+impl<D: EmberModel> Trains for D
+where
+    D::Net<Autodiff<Cpu>>: Trainable<Autodiff<Cpu>>,
+{
+    fn dispatch<T: ModelTask<Self>>(&self, arg: DeviceArg, task: T) -> Result<T::Output, BackendError> {
+        on_backend(arg, WithModel(self, task))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl<D: EmberModel> Trains for D
+where
+    D::Net<Autodiff<Cpu>>: Trainable<Autodiff<Cpu>>,
+    D::Net<Autodiff<Gpu>>: Trainable<Autodiff<Gpu>>,
+{
+    fn dispatch<T: ModelTask<Self>>(&self, arg: DeviceArg, task: T) -> Result<T::Output, BackendError> {
+        on_backend(arg, WithModel(self, task))
+    }
+}
+
+/// Resolves `arg` and runs `task` for `model` on the matching backend.
+pub fn dispatch_model<D: Trains, T: ModelTask<D>>(
+    arg: DeviceArg,
+    model: &D,
+    task: T,
+) -> Result<T::Output, BackendError> {
+    model.dispatch(arg, task)
+}
+
+/// The CPU backend's device.
+type CpuDevice = <Autodiff<Cpu> as burn::tensor::backend::BackendTypes>::Device;
+
+/// A task run on one of the concrete backends: [`on_backend`] is the one switch over them.
+trait OnBackend {
+    type Output;
+    fn cpu(self, device: CpuDevice, info: DeviceInfo) -> Self::Output;
+    #[cfg(feature = "cuda")]
+    fn cuda(self, device: burn::backend::cuda::CudaDevice, info: DeviceInfo) -> Self::Output;
+}
+
+impl<T: BackendTask> OnBackend for T {
+    type Output = T::Output;
+    fn cpu(self, device: CpuDevice, info: DeviceInfo) -> T::Output {
+        self.run::<Autodiff<Cpu>>(device, info)
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda(self, device: burn::backend::cuda::CudaDevice, info: DeviceInfo) -> T::Output {
+        self.run::<Autodiff<Gpu>>(device, info)
+    }
+}
+
+/// A [`ModelTask`] with its model, as an [`OnBackend`].
+struct WithModel<'a, D, T>(&'a D, T);
+
+#[cfg(not(feature = "cuda"))]
+impl<D: EmberModel, T: ModelTask<D>> OnBackend for WithModel<'_, D, T>
+where
+    D::Net<Autodiff<Cpu>>: Trainable<Autodiff<Cpu>>,
+{
+    type Output = T::Output;
+    fn cpu(self, device: CpuDevice, info: DeviceInfo) -> T::Output {
+        self.1.run::<Autodiff<Cpu>>(self.0, device, info)
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl<D: EmberModel, T: ModelTask<D>> OnBackend for WithModel<'_, D, T>
+where
+    D::Net<Autodiff<Cpu>>: Trainable<Autodiff<Cpu>>,
+    D::Net<Autodiff<Gpu>>: Trainable<Autodiff<Gpu>>,
+{
+    type Output = T::Output;
+    fn cpu(self, device: CpuDevice, info: DeviceInfo) -> T::Output {
+        self.1.run::<Autodiff<Cpu>>(self.0, device, info)
+    }
+    fn cuda(self, device: burn::backend::cuda::CudaDevice, info: DeviceInfo) -> T::Output {
+        self.1.run::<Autodiff<Gpu>>(self.0, device, info)
+    }
+}
+
+fn on_backend<T: OnBackend>(arg: DeviceArg, task: T) -> Result<T::Output, BackendError> {
     match resolve(arg)? {
-        Resolved::Cpu => Ok(task.run::<Autodiff<Cpu>>(
+        Resolved::Cpu => Ok(task.cpu(
             Default::default(),
             DeviceInfo {
                 backend: CPU_BACKEND,
@@ -152,7 +256,7 @@ pub fn dispatch<T: BackendTask>(arg: DeviceArg, task: T) -> Result<T::Output, Ba
         #[cfg(feature = "cuda")]
         Resolved::Cuda { index, name } => {
             cuda::configure_caches();
-            Ok(task.run::<Autodiff<Gpu>>(
+            Ok(task.cuda(
                 burn::backend::cuda::CudaDevice::new(index),
                 DeviceInfo {
                     backend: "cuda",

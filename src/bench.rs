@@ -20,6 +20,7 @@ use crate::backend::DeviceInfo;
 use crate::config::{Recipe, TrainConfig};
 use crate::data::Data;
 use crate::gpu::GpuMonitor;
+use crate::model::{Classifier, EmberModel, Trainable};
 use crate::train::{self, Splits};
 
 /// Version tag of the JSON record; both sides write it.
@@ -276,18 +277,40 @@ pub(crate) fn host_name() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// Runs `scenario` on backend `B`.
+/// Runs `scenario` on backend `B` with its own model.
 pub fn run<B: AutodiffBackend>(
     scenario: Scenario,
     settings: Settings,
     data: &Data,
     device: &B::Device,
     info: &DeviceInfo,
-    mut gpu: Option<GpuMonitor>,
+    gpu: Option<GpuMonitor>,
 ) -> BenchRecord {
     let config = scenario.config();
+    let kind = crate::model::ModelKind::from_name(config.model.name()).expect("scenarios train built-in models");
+    run_model::<B, _>(&kind, scenario, settings, data, device, info, gpu)
+}
+
+/// Runs `scenario`'s recipe, data and batch size on backend `B` with `model` in place of the
+/// scenario's own.
+#[allow(clippy::too_many_arguments)]
+pub fn run_model<B: AutodiffBackend, D: EmberModel>(
+    model: &D,
+    scenario: Scenario,
+    settings: Settings,
+    data: &Data,
+    device: &B::Device,
+    info: &DeviceInfo,
+    mut gpu: Option<GpuMonitor>,
+) -> BenchRecord
+where
+    D::Net<B>: Trainable<B>,
+{
+    let mut config = scenario.config();
+    config.model = crate::model::ModelName::new(model.name());
+    let family = model;
     let splits = Splits::<B::InnerBackend>::upload(data, &config, device).expect("valid split");
-    let mut model = train::init_model::<B>(&config, device);
+    let mut model = train::init::<B, D>(model, &config, device);
     let mut optim = config.optimizer.init::<B, _>();
     let untrained = eval_throughput(&model.valid(), &splits, settings.eval_repeats);
 
@@ -301,7 +324,7 @@ pub fn run<B: AutodiffBackend>(
     let schedule = config.schedule(epoch_steps);
     let full_steps = splits.train.len() / batch;
     assert!(full_steps > 0, "the training split is smaller than one batch");
-    let mut step = |model: crate::model::Model<B>,
+    let mut step = |model: D::Net<B>,
                     optim: &mut crate::optim::Optimizer<_, B>,
                     index: usize| { steps.step(model, optim, &schedule, index, index).0 };
     let warmup_start = Instant::now();
@@ -355,7 +378,7 @@ pub fn run<B: AutodiffBackend>(
     }
 
     let images_per_sec = batch as f64 / (train_step_ms.median / 1e3);
-    let flops = 6.0 * config.model.forward_macs_per_image() as f64;
+    let flops = 6.0 * family.forward_macs_per_image(config.input).unwrap_or(0) as f64;
     BenchRecord {
         schema: SCHEMA.into(),
         framework: "ember".into(),
@@ -419,7 +442,7 @@ fn sync<B: Backend>(device: &B::Device) {
 }
 
 /// Images/s over the test set: one untimed pass, then `repeats` timed ones.
-fn eval_throughput<B: Backend>(model: &crate::model::Model<B>, splits: &Splits<B>, repeats: usize) -> Stats {
+fn eval_throughput<B: Backend, M: Classifier<B>>(model: &M, splits: &Splits<B>, repeats: usize) -> Stats {
     let batch = 1000;
     train::evaluate(model, &splits.test, batch);
     let samples = (0..repeats.max(1))
@@ -451,7 +474,7 @@ mod tests {
         let c = Scenario::Net256.config();
         assert_eq!(
             (c.model, c.batch_size, c.valid_size),
-            (ModelKind::PytorchExampleNet, 256, 0)
+            (crate::model::ModelName::from(ModelKind::PytorchExampleNet), 256, 0)
         );
         assert_eq!(Scenario::Flash64.config().model, ModelKind::FlashlightCnn);
         assert_eq!(

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::TrainConfig;
 use crate::files::{sha256_hex, utc_stamp, write_atomic, FileError};
-use crate::model::{record_kind, Model, ModelRecord};
+use crate::model::{EmberModel, Model, ModelKind, Trainable};
 use crate::optim::Optimizer;
 use crate::progress::Progress;
 
@@ -30,6 +30,10 @@ pub const LOCK_FILE: &str = ".lock";
 pub struct TrainState {
     #[serde(flatten)]
     pub progress: Progress,
+    /// The model the records hold (`config.json`'s when the checkpoint was written); absent in
+    /// checkpoints written before ember recorded it, whose records name it themselves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     /// Model record file, in the run directory.
     pub model_file: String,
     /// Optimizer record file; none for imported weights.
@@ -72,8 +76,8 @@ pub enum CheckpointError {
     #[error("{}: holds a {found} model, but {CONFIG_FILE} says {expected}; the files are from different runs", path.display())]
     OtherModel {
         path: PathBuf,
-        found: crate::model::ModelKind,
-        expected: crate::model::ModelKind,
+        found: String,
+        expected: String,
     },
     #[error("{}: names {name:?}, which is not a record file of this run directory", path.display())]
     ForeignFile { path: PathBuf, name: String },
@@ -226,10 +230,11 @@ impl RunDir {
     }
 
     /// Commits a checkpoint: `model`, the optimizer record bytes (see [`optimizer_bytes`]) and
-    /// `progress`; then removes older record files.
-    pub fn save_checkpoint<B: Backend>(
+    /// `progress`; then removes older record files. `state.json` names the model of the run's
+    /// `config.json`, where there is one.
+    pub fn save_checkpoint<B: Backend, M: Module<B>>(
         &self,
-        model: &Model<B>,
+        model: &M,
         optimizer: Option<Vec<u8>>,
         progress: &Progress,
     ) -> Result<(), CheckpointError> {
@@ -238,6 +243,7 @@ impl RunDir {
             .expect("in-memory records serialise");
         let mut state = TrainState {
             progress: progress.clone(),
+            model: self.load_config().ok().map(|c| c.model.name().to_string()),
             model_file: format!("model-{tag}.mpk"),
             optimizer_file: None,
             model_sha256: Some(sha256_hex(&bytes)),
@@ -329,45 +335,81 @@ impl RunDir {
         })
     }
 
-    /// The latest checkpoint's model, built as `config` describes.
+    /// The latest checkpoint's model, built as `config` describes: one of ember's built-in
+    /// models ([`RunDir::load_model_of`] for any).
     pub fn load_model<B: Backend>(
         &self,
         config: &TrainConfig,
         device: &B::Device,
     ) -> Result<Model<B>, CheckpointError> {
-        let state = self.load_state()?;
-        let record: ModelRecord<B> =
-            self.load_record::<B, _>(&state.model_file, state.model_sha256.as_deref(), device)?;
-        let found = record_kind(&record);
-        if found != config.model {
-            return Err(CheckpointError::OtherModel {
-                path: self.file(&state.model_file),
-                found,
-                expected: config.model,
-            });
-        }
-        Ok(config
-            .model
-            .init_for::<B>(config.input, config.num_classes(), device)
-            .load_record(record))
+        self.load_model_of::<B, _>(&builtin(config), config, device)
     }
 
-    /// The latest checkpoint's model, optimizer and progress, to resume training.
+    /// The latest checkpoint's `model`, built as `config` describes. A checkpoint of another
+    /// model than `config.json`'s is an error naming both (burn's `load_record` would panic).
+    pub fn load_model_of<B: Backend, D: EmberModel>(
+        &self,
+        model: &D,
+        config: &TrainConfig,
+        device: &B::Device,
+    ) -> Result<D::Net<B>, CheckpointError> {
+        let state = self.load_state()?;
+        let path = self.file(&state.model_file);
+        let other = |found: String| CheckpointError::OtherModel {
+            path: path.clone(),
+            found,
+            expected: config.model.name().to_string(),
+        };
+        if let Some(found) = state.model.clone().filter(|m| m != config.model.name()) {
+            return Err(other(found));
+        }
+        let record: <D::Net<B> as Module<B>>::Record =
+            self.load_record::<B, _>(&state.model_file, state.model_sha256.as_deref(), device)?;
+        if let Some(found) = model.record_name::<B>(&record).filter(|m| m != config.model.name()) {
+            return Err(other(found));
+        }
+        Ok(crate::train::init_unseeded::<B, D>(model, config, device).load_record(record))
+    }
+
+    /// The latest checkpoint's built-in model, optimizer and progress, to resume training
+    /// ([`RunDir::load_training_of`] for any model).
     pub fn load_training<B: AutodiffBackend>(
         &self,
         config: &TrainConfig,
         device: &B::Device,
-    ) -> Result<Resumed<B>, CheckpointError> {
+    ) -> Result<Resumed<B, Model<B>>, CheckpointError> {
+        self.load_training_of::<B, _>(&builtin(config), config, device)
+    }
+
+    /// The latest checkpoint's `model`, optimizer and progress, to resume training.
+    pub fn load_training_of<B: AutodiffBackend, D: EmberModel>(
+        &self,
+        model: &D,
+        config: &TrainConfig,
+        device: &B::Device,
+    ) -> Result<Resumed<B, D::Net<B>>, CheckpointError>
+    where
+        D::Net<B>: Trainable<B>,
+    {
         let state = self.load_state()?;
         let name = state
             .optimizer_file
             .clone()
             .ok_or_else(|| CheckpointError::NoOptimizer(self.file(STATE_FILE)))?;
-        let model = self.load_model::<B>(config, device)?;
+        let model = self.load_model_of::<B, D>(model, config, device)?;
         let record = self.load_record::<B, _>(&name, state.optimizer_sha256.as_deref(), device)?;
-        let optim = config.optimizer.init::<B, Model<B>>().load_record(record);
+        let optim = config.optimizer.init::<B, D::Net<B>>().load_record(record);
         Ok((model, optim, state.progress))
     }
+}
+
+/// The built-in model `config` names.
+///
+/// # Panics
+/// When it names none: the `load_*_of` functions take any model.
+fn builtin(config: &TrainConfig) -> ModelKind {
+    ModelKind::from_name(config.model.name())
+        .unwrap_or_else(|| panic!("{} is not one of ember's built-in models", config.model))
 }
 
 /// A model or optimizer record file's name, as checkpoints write them.
@@ -391,10 +433,10 @@ fn record_reason(text: &str) -> String {
 }
 
 /// What training resumes from: model, optimizer and where they stood.
-pub type Resumed<B> = (Model<B>, Optimizer<Model<B>, B>, Progress);
+pub type Resumed<B, M> = (M, Optimizer<M, B>, Progress);
 
 /// The optimizer's state as record bytes, for [`RunDir::save_checkpoint`].
-pub fn optimizer_bytes<B: AutodiffBackend>(optim: &Optimizer<Model<B>, B>) -> Vec<u8> {
+pub fn optimizer_bytes<B: AutodiffBackend, M: Trainable<B>>(optim: &Optimizer<M, B>) -> Vec<u8> {
     Recorder::<B>::record(&Rec::default(), optim.to_record(), ()).expect("in-memory records serialise")
 }
 
@@ -630,7 +672,9 @@ mod tests {
         let config = Recipe::Tch.config();
         let device = Default::default();
         let model = init_model::<burn::backend::Autodiff<NdArray>>(&config, &device);
-        let optim = config.optimizer.init::<burn::backend::Autodiff<NdArray>, _>();
+        let optim = config
+            .optimizer
+            .init::<burn::backend::Autodiff<NdArray>, crate::model::Model<burn::backend::Autodiff<NdArray>>>();
         run.save_checkpoint(&model, Some(optimizer_bytes(&optim)), &Progress::default())
             .unwrap();
         let state = run.load_state().unwrap();

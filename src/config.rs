@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::augment::Augment;
 use crate::data::{DatasetSpec, ImageShape, Normalization};
-use crate::model::ModelKind;
+use crate::model::{DoesNotFit, ModelKind, ModelName};
 use crate::optim::{OneCycle, OptimizerConfig, OptimizerKind, RunSchedule, Schedule, StepLr};
 
 /// The seed benchmark runs ember reproduces. Their settings live in [`Recipe::config`] only:
@@ -115,22 +115,23 @@ impl Recipe {
         format!("{origin}: {}", facts.join(", "))
     }
 
-    /// The recipe that trains `model` in the seed runs (its data normalisation, optimizer).
-    pub fn of_model(model: ModelKind) -> Self {
-        match model {
-            ModelKind::PytorchExampleNet => Self::PytorchExample,
-            ModelKind::TchNet => Self::Tch,
-            ModelKind::FlashlightCnn => Self::Flashlight,
-            ModelKind::Resnet20 | ModelKind::Resnet18 => Self::ResnetFashion,
-            ModelKind::SpeedrunNet => Self::Speedrun,
-        }
+    /// The recipe that trains `model` (its data normalisation, optimizer): the recipe whose
+    /// model it is, else the modern one (`resnet-fashion`: Nesterov SGD, one-cycle, weight decay
+    /// kept off batch norm), which suits ResNet-18 and models from outside ember.
+    pub fn of_model(model: impl Into<ModelName>) -> Self {
+        let model = model.into();
+        Self::value_variants()
+            .iter()
+            .copied()
+            .find(|r| r.config().model == model)
+            .unwrap_or(Self::ResnetFashion)
     }
 
     /// The seed run's settings.
     pub fn config(self) -> TrainConfig {
         let base = TrainConfig {
             recipe: self,
-            model: ModelKind::PytorchExampleNet,
+            model: ModelKind::PytorchExampleNet.into(),
             dataset: DatasetSpec::MNIST,
             input: ImageShape::MNIST,
             classes: Vec::new(),
@@ -156,7 +157,7 @@ impl Recipe {
         match self {
             Self::PytorchExample => TrainConfig { gamma: 0.7, ..base },
             Self::Tch => TrainConfig {
-                model: ModelKind::TchNet,
+                model: ModelKind::TchNet.into(),
                 optimizer: OptimizerConfig::new(OptimizerKind::Adam),
                 lr: 1e-4,
                 batch_size: 256,
@@ -165,7 +166,7 @@ impl Recipe {
                 ..base
             },
             Self::Flashlight => TrainConfig {
-                model: ModelKind::FlashlightCnn,
+                model: ModelKind::FlashlightCnn.into(),
                 optimizer: OptimizerConfig::new(OptimizerKind::Sgd),
                 lr: 1e-2,
                 epochs: 100,
@@ -174,7 +175,7 @@ impl Recipe {
                 ..base
             },
             Self::ResnetFashion => TrainConfig {
-                model: ModelKind::Resnet20,
+                model: ModelKind::Resnet20.into(),
                 dataset: DatasetSpec::FASHION_MNIST,
                 lr: 0.1,
                 augment: Augment {
@@ -187,7 +188,7 @@ impl Recipe {
                 ..modern(base)
             },
             Self::Speedrun => TrainConfig {
-                model: ModelKind::SpeedrunNet,
+                model: ModelKind::SpeedrunNet.into(),
                 lr: 0.2,
                 augment: Augment {
                     translate: 2,
@@ -227,7 +228,8 @@ fn modern(base: TrainConfig) -> TrainConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainConfig {
     pub recipe: Recipe,
-    pub model: ModelKind,
+    /// ember's or a user's model (`crate::registry` resolves the name).
+    pub model: ModelName,
     pub dataset: DatasetSpec,
     /// The images as the model takes them (after any resizing); runs saved before datasets
     /// other than MNIST's format have none and are 1x28x28.
@@ -315,7 +317,7 @@ pub enum ConfigError {
         channels: usize,
     },
     #[error(transparent)]
-    Model(#[from] crate::model::DoesNotFit),
+    Model(#[from] DoesNotFit),
     #[error("{flag} applies to --schedule {needs} only")]
     OtherSchedule { flag: &'static str, needs: String },
     #[error("{flag} applies to --optimizer sgd only, not {optimizer}")]
@@ -410,8 +412,8 @@ impl TrainConfig {
 
     /// Checks the settings that depend on the images: the model takes their shape, the
     /// normalisation has one value or one per channel, the shifts fit in them.
-    pub fn check_input(&self) -> Result<(), ConfigError> {
-        self.model.fits(self.input)?;
+    pub fn check_input(&self, fits: impl FnOnce(ImageShape) -> Result<(), DoesNotFit>) -> Result<(), ConfigError> {
+        fits(self.input)?;
         if !self.normalization.fits(self.input.channels) {
             return Err(ConfigError::Channels {
                 mean: self.normalization.mean.values().len(),
@@ -589,7 +591,7 @@ mod tests {
                 p.seed
             ),
             (
-                ModelKind::PytorchExampleNet,
+                ModelName::from(ModelKind::PytorchExampleNet),
                 OptimizerKind::Adadelta,
                 1.0,
                 0.7,
@@ -603,7 +605,7 @@ mod tests {
         let t = Recipe::Tch.config();
         assert_eq!(
             (t.model, t.optimizer.kind, t.lr, t.batch_size, t.epochs),
-            (ModelKind::TchNet, OptimizerKind::Adam, 1e-4, 256, 50)
+            (ModelName::from(ModelKind::TchNet), OptimizerKind::Adam, 1e-4, 256, 50)
         );
         let f = Recipe::Flashlight.config();
         assert_eq!(
@@ -615,7 +617,7 @@ mod tests {
                 f.epochs,
                 f.valid_size
             ),
-            (ModelKind::FlashlightCnn, OptimizerKind::Sgd, 1e-2, 64, 100, 5000)
+            (ModelName::from(ModelKind::FlashlightCnn), OptimizerKind::Sgd, 1e-2, 64, 100, 5000)
         );
         assert_eq!(f.normalization, Normalization::unit());
         for r in Recipe::value_variants() {

@@ -1,16 +1,92 @@
-//! The models a run can train, behind one module type so that the training loop, checkpoints
-//! and evaluation are written once.
+//! ember's built-in models and the name a run's `config.json` gives its model.
+//!
+//! Every model, ember's and a user's, is an [`EmberModel`]: the training loop, checkpoints,
+//! evaluation, prediction, import and benchmarks are generic over it (`crate::registry` maps
+//! `--model NAME` to one). The six models of the seed benchmarks and the recipes after them are
+//! one [`EmberModel`], [`ModelKind`], whose network is the [`Model`] enum: their checkpoints
+//! have been written as that enum's record since the first run, and stay loadable. A model
+//! added after them is its own [`EmberModel`] (its file in `models/`) and one line in
+//! `crate::registry::Registry::builtin`.
 
-use burn::module::Module;
-use burn::tensor::{backend::Backend, Tensor};
+use std::borrow::Cow;
+use std::fmt;
+
+use burn::module::{AutodiffModule, Module};
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::Tensor;
 use clap::ValueEnum;
+pub use ember_models::Classifier;
+pub use ember_models::{DoesNotFit, EmberModel, ImageShape};
 use ember_models::{
-    Classifier, FlashlightCnn, FlashlightCnnConfig, Output, PytorchExampleNet, PytorchExampleNetConfig,
+    FlashlightCnn, FlashlightCnnConfig, Output, PytorchExampleNet, PytorchExampleNetConfig,
     ResNet, ResNetConfig, SpeedrunNet, SpeedrunNetConfig, TchNet, TchNetConfig,
 };
 use serde::{Deserialize, Serialize};
 
-use crate::data::{ImageShape, NUM_CLASSES};
+/// A network the training loop trains on autodiff backend `B`: a burn module that classifies,
+/// whose copy without autodiff (`valid()`, for evaluation) classifies too. Every
+/// `#[derive(Module)]` struct with `impl<B: Backend> Classifier<B>` is one, on every backend.
+pub trait Trainable<B: AutodiffBackend>:
+    AutodiffModule<B, InnerModule: Classifier<B::InnerBackend>> + Classifier<B>
+{
+}
+
+impl<B, M> Trainable<B> for M
+where
+    B: AutodiffBackend,
+    M: AutodiffModule<B> + Classifier<B>,
+    M::InnerModule: Classifier<B::InnerBackend>,
+{
+}
+
+/// Classes of the MNIST-format datasets (the seed models' default output count).
+const NUM_CLASSES: usize = 10;
+
+/// The name of a run's model, as `--model` and `config.json` spell it: one of ember's
+/// ([`ModelKind`]) or a user's ([`EmberModel::name`]). `crate::registry::Registry` resolves it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ModelName(pub Cow<'static, str>);
+
+impl ModelName {
+    pub fn name(&self) -> &str {
+        &self.0
+    }
+
+    pub fn new(name: impl Into<String>) -> Self {
+        Self(Cow::Owned(name.into()))
+    }
+}
+
+impl fmt::Display for ModelName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl From<&str> for ModelName {
+    fn from(name: &str) -> Self {
+        Self::new(name)
+    }
+}
+
+impl From<ModelKind> for ModelName {
+    fn from(kind: ModelKind) -> Self {
+        Self(Cow::Borrowed(kind.name()))
+    }
+}
+
+impl PartialEq<ModelKind> for ModelName {
+    fn eq(&self, kind: &ModelKind) -> bool {
+        self.0 == kind.name()
+    }
+}
+
+impl PartialEq<ModelName> for ModelKind {
+    fn eq(&self, name: &ModelName) -> bool {
+        name == self
+    }
+}
 
 /// The models of the seed benchmarks, and the ResNets and speedrun net of the recipes after them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Serialize, Deserialize)]
@@ -32,20 +108,6 @@ pub enum ModelKind {
     /// The speedrun recipe's conv-BN-ReLU-pool net (104,426 parameters).
     #[value(alias = "speedrun")]
     SpeedrunNet,
-}
-
-/// A dataset that a model cannot take.
-#[derive(Debug, thiserror::Error, PartialEq)]
-#[error(
-    "{model} takes {takes} images and this dataset's are {got}: use --channels {channels} --image-size {side} to convert them, \
-     or a model that adapts to any (--model resnet20, resnet18 or speedrun-net)"
-)]
-pub struct DoesNotFit {
-    pub model: &'static str,
-    pub takes: ImageShape,
-    pub got: ImageShape,
-    channels: usize,
-    side: usize,
 }
 
 impl ModelKind {
@@ -107,12 +169,15 @@ impl ModelKind {
             return Ok(());
         }
         Err(DoesNotFit {
-            model: self.name(),
+            model: self.name().to_string(),
             takes,
             got: input,
-            channels: takes.channels,
-            side: takes.height,
         })
+    }
+
+    /// The built-in seed model named `name` (or one of its aliases).
+    pub fn from_name(name: &str) -> Option<Self> {
+        <Self as ValueEnum>::from_str(name, false).ok()
     }
 
     /// The name used on the command line and in `config.json`.
@@ -190,6 +255,49 @@ impl ModelKind {
             // 32x1x3x3 at 28, 64x32x3x3 at 14, 128x64x3x3 at 7, fc 1152x10
             Self::SpeedrunNet => conv(32, 1, 3, 28) + conv(64, 32, 3, 14) + conv(128, 64, 3, 7) + 1152 * 10,
         }
+    }
+}
+
+/// The seed models as one [`EmberModel`]: the value says which, the network is [`Model`].
+impl EmberModel for ModelKind {
+    type Net<B: Backend> = Model<B>;
+
+    fn name(&self) -> &str {
+        ModelKind::name(*self)
+    }
+
+    fn aliases(&self) -> Vec<String> {
+        // The `#[value(alias = ..)]`s above: one declaration for clap and the registry.
+        self.to_possible_value()
+            .map(|v| v.get_name_and_aliases().skip(1).map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    fn about(&self) -> &str {
+        match self {
+            Self::PytorchExampleNet => "PyTorch's official MNIST example CNN (1.2M parameters, log_softmax out)",
+            Self::TchNet => "the tch-rs variant of it (logits out)",
+            Self::FlashlightCnn => "flashlight's MNIST CNN (3.3M parameters, replicate padding)",
+            Self::Resnet20 => "ResNet-20 with projection shortcuts and batch norm (272,186 parameters at 1x28x28)",
+            Self::Resnet18 => "ResNet-18's widths and depths on a CIFAR stem (11.2M parameters)",
+            Self::SpeedrunNet => "the speedrun recipe's conv-BN-ReLU-pool net (104,426 parameters at 1x28x28)",
+        }
+    }
+
+    fn init<B: Backend>(&self, input: ImageShape, classes: usize, device: &B::Device) -> Model<B> {
+        self.init_for(input, classes, device)
+    }
+
+    fn fits(&self, input: ImageShape) -> Result<(), DoesNotFit> {
+        ModelKind::fits(*self, input)
+    }
+
+    fn forward_macs_per_image(&self, input: ImageShape) -> Option<u64> {
+        (input == ImageShape::MNIST).then(|| ModelKind::forward_macs_per_image(*self))
+    }
+
+    fn record_name<B: Backend>(&self, record: &ModelRecord<B>) -> Option<String> {
+        Some(record_kind(record).name().to_string())
     }
 }
 
@@ -283,7 +391,7 @@ mod tests {
     fn kinds_build_their_models() {
         let device = Default::default();
         for kind in ModelKind::value_variants() {
-            assert_eq!(kind.init::<NdArray>(&device).kind(), *kind);
+            assert_eq!((*kind).init::<NdArray>(&device).kind(), *kind);
         }
     }
 

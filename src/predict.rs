@@ -25,7 +25,6 @@ use serde::Serialize;
 
 use crate::config::TrainConfig;
 use crate::data::{DeviceSplit, ImageShape, Normalization, Split, IMAGE_PIXELS, IMAGE_SIDE};
-use crate::model::Model;
 
 /// A file that could not be classified.
 #[derive(Debug, thiserror::Error)]
@@ -208,8 +207,8 @@ pub fn to_mnist(gray: &GrayImage) -> [u8; IMAGE_PIXELS] {
 }
 
 /// Class probabilities for each image, `[n][classes]`.
-pub fn probabilities<B: Backend>(
-    model: &Model<B>,
+pub fn probabilities<B: Backend, M: Classifier<B>>(
+    model: &M,
     images: &[Vec<u8>],
     shape: ImageShape,
     norm: &Normalization,

@@ -12,7 +12,7 @@ use crate::checkpoint::{optimizer_bytes, CheckpointError, RunDir, STATE_FILE};
 use crate::config::TrainConfig;
 use crate::data::DeviceSplit;
 use crate::metrics::{self, MetricsError, MetricsRow, CURVES_FILE};
-use crate::model::Model;
+use crate::model::{EmberModel, Trainable};
 use crate::optim::Optimizer;
 use crate::progress::Progress;
 use crate::train::{self, EpochControl, EpochEnd, EpochStats, EvalStats, Splits, StepInfo};
@@ -95,18 +95,19 @@ impl Output {
 }
 
 /// Where training starts from.
-pub struct Start<B: AutodiffBackend> {
-    pub model: Model<B>,
-    pub optim: Optimizer<Model<B>, B>,
+pub struct Start<B: AutodiffBackend, M: Trainable<B>> {
+    pub model: M,
+    pub optim: Optimizer<M, B>,
     pub progress: Progress,
     pub rows: Vec<MetricsRow>,
 }
 
-impl<B: AutodiffBackend> Start<B> {
-    /// A new model for `config`, checkpointed as epoch 0 so that even the first epoch can be resumed.
-    pub fn fresh(config: &TrainConfig, device: &B::Device) -> Self {
+impl<B: AutodiffBackend, M: Trainable<B>> Start<B, M> {
+    /// A new `model` for `config`, checkpointed as epoch 0 so that even the first epoch can be
+    /// resumed.
+    pub fn fresh<D: EmberModel<Net<B> = M>>(model: &D, config: &TrainConfig, device: &B::Device) -> Self {
         Self {
-            model: train::init_model::<B>(config, device),
+            model: train::init::<B, D>(model, config, device),
             optim: config.optimizer.init::<B, _>(),
             progress: Progress::default(),
             rows: Vec::new(),
@@ -116,11 +117,16 @@ impl<B: AutodiffBackend> Start<B> {
     /// The run's latest checkpoint and metrics; the run's start when it was stopped before its
     /// first checkpoint (config.json written, no state.json yet): the config holds the seed,
     /// so that is the same run.
-    pub fn resume(run: &RunDir, config: &TrainConfig, device: &B::Device) -> Result<Self, RunError> {
+    pub fn resume<D: EmberModel<Net<B> = M>>(
+        model: &D,
+        run: &RunDir,
+        config: &TrainConfig,
+        device: &B::Device,
+    ) -> Result<Self, RunError> {
         if !run.file(STATE_FILE).exists() {
-            return Ok(Self::fresh(config, device));
+            return Ok(Self::fresh(model, config, device));
         }
-        let (model, optim, progress) = run.load_training::<B>(config, device)?;
+        let (model, optim, progress) = run.load_training_of::<B, D>(model, config, device)?;
         let mut rows = metrics::read_if_present(&run.path)?;
         rows.retain(|r| r.epoch <= progress.epoch);
         Ok(Self {
@@ -148,10 +154,10 @@ struct Checkpoints<'a> {
 }
 
 impl Checkpoints<'_> {
-    fn save<B: AutodiffBackend>(
+    fn save<B: AutodiffBackend, M: Trainable<B>>(
         &self,
-        model: &Model<B>,
-        optim: &Optimizer<Model<B>, B>,
+        model: &M,
+        optim: &Optimizer<M, B>,
         progress: &Progress,
     ) -> Result<(), RunError> {
         if self.enabled {
@@ -162,15 +168,16 @@ impl Checkpoints<'_> {
     }
 }
 
-/// Trains from `start` to `config.epochs`; returns the final test evaluation.
-pub fn train<B: AutodiffBackend>(
+/// Trains from `start` to `config.epochs`; returns the trained model and its final test
+/// evaluation.
+pub fn train<B: AutodiffBackend, M: Trainable<B>>(
     config: &TrainConfig,
     splits: &Splits<B::InnerBackend>,
     run: &RunDir,
-    start: Start<B>,
+    start: Start<B, M>,
     save_model: bool,
     out: Output,
-) -> Result<EvalStats, RunError> {
+) -> Result<(M, EvalStats), RunError> {
     let Start {
         mut model,
         mut optim,
@@ -257,7 +264,7 @@ pub fn train<B: AutodiffBackend>(
         num(test.loss, 4),
         test.accuracy_text()
     );
-    Ok(test)
+    Ok((model, test))
 }
 
 static PROCESS_START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -318,8 +325,8 @@ fn interrupted(run: &RunDir, saved: bool, progress: &Progress) -> RunError {
 }
 
 /// Evaluates the model after an epoch; returns its metrics row and the test evaluation.
-fn finish_epoch<B: AutodiffBackend>(
-    model: &Model<B>,
+fn finish_epoch<B: AutodiffBackend, M: Trainable<B>>(
+    model: &M,
     splits: &Splits<B::InnerBackend>,
     config: &TrainConfig,
     progress: &Progress,
@@ -431,9 +438,9 @@ impl StepReporter {
 }
 
 /// Header printed before training.
-pub fn header<B: AutodiffBackend>(
+pub fn header<B: AutodiffBackend, M: Trainable<B>>(
     config: &TrainConfig,
-    model: &Model<B>,
+    model: &M,
     splits: &Splits<B::InnerBackend>,
     info: &str,
     run: &RunDir,

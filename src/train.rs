@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use burn::module::{AutodiffModule, Module, ModuleVisitor, Param};
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::optim::{GradientsParams, Optimizer as _};
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::{AutodiffBackend, Backend};
@@ -20,7 +20,7 @@ use rand::SeedableRng;
 use crate::augment::DeviceDraws;
 use crate::config::{ConfigError, TrainConfig};
 use crate::data::{indices, Data, DeviceSplit};
-use crate::model::Model;
+use crate::model::{EmberModel, Trainable};
 use crate::optim::{Optimizer, RunSchedule};
 use crate::progress::Progress;
 
@@ -115,12 +115,26 @@ pub fn epoch_permutation(seed: u64, epoch: usize, len: usize) -> Vec<usize> {
     order
 }
 
-/// A new model for `config`, its parameters drawn from `config.seed`.
-pub fn init_model<B: Backend>(config: &TrainConfig, device: &B::Device) -> Model<B> {
+/// A new built-in model for `config` (one of [`crate::model::ModelKind`]'s), its parameters
+/// drawn from `config.seed`; [`init`] for any model.
+///
+/// # Panics
+/// When `config.model` names no built-in model.
+pub fn init_model<B: Backend>(config: &TrainConfig, device: &B::Device) -> crate::model::Model<B> {
+    let kind = crate::model::ModelKind::from_name(config.model.name())
+        .unwrap_or_else(|| panic!("{} is not one of ember's built-in models", config.model));
+    init::<B, _>(&kind, config, device)
+}
+
+/// `model` for `config`'s images and classes, to load a record into (nothing seeded or drawn).
+pub fn init_unseeded<B: Backend, D: EmberModel>(model: &D, config: &TrainConfig, device: &B::Device) -> D::Net<B> {
+    model.init::<B>(config.input, config.num_classes(), device)
+}
+
+/// A new `model` for `config`'s images and classes, its parameters drawn from `config.seed`.
+pub fn init<B: Backend, D: EmberModel>(model: &D, config: &TrainConfig, device: &B::Device) -> D::Net<B> {
     B::seed(device, config.seed);
-    let model = config
-        .model
-        .init_for::<B>(config.input, config.num_classes(), device);
+    let model = init_unseeded::<B, D>(model, config, device);
     // burn draws parameters lazily, on first use; drawing them now, right after seeding, keeps
     // the initial weights a function of the seed alone, whatever else draws from the backend's
     // generator later (dropout does not: its masks are keyed per step).
@@ -262,14 +276,14 @@ impl<'a, B: AutodiffBackend> EpochSteps<'a, B> {
     /// Runs 0-based step `step` of the epoch, the run's optimizer step `global_step`, at the rate
     /// (and momentum) `schedule` gives it. Returns the updated model and the batch's mean loss,
     /// still on the device.
-    pub fn step(
+    pub fn step<M: Trainable<B>>(
         &mut self,
-        model: Model<B>,
-        optim: &mut Optimizer<Model<B>, B>,
+        model: M,
+        optim: &mut Optimizer<M, B>,
         schedule: &RunSchedule,
         step: usize,
         global_step: usize,
-    ) -> (Model<B>, Tensor<B::InnerBackend, 1>) {
+    ) -> (M, Tensor<B::InnerBackend, 1>) {
         let batch = self.batch(step);
         let (mut images, targets) = self.train.gather(self.order.clone().slice(batch.clone()));
         if let Some(augment) = &self.augment {
@@ -318,14 +332,14 @@ impl<'a, B: AutodiffBackend> EpochSteps<'a, B> {
 /// `(seed, epoch)`: resuming at any step boundary reproduces the uninterrupted run. Non-finite
 /// losses are caught on the device (the first bad step is kept in a one-element tensor) and read
 /// at the checks, so between checks no step waits for the device.
-pub fn train_epoch<B: AutodiffBackend>(
-    mut model: Model<B>,
-    optim: &mut Optimizer<Model<B>, B>,
+pub fn train_epoch<B: AutodiffBackend, M: Trainable<B>>(
+    mut model: M,
+    optim: &mut Optimizer<M, B>,
     train: &DeviceSplit<B::InnerBackend>,
     config: &TrainConfig,
     schedule: &RunSchedule,
     control: EpochControl<'_>,
-) -> (Model<B>, EpochEnd) {
+) -> (M, EpochEnd) {
     let from = control.from;
     let epoch = from.epoch;
     let start = Instant::now();
@@ -377,13 +391,13 @@ pub fn train_epoch<B: AutodiffBackend>(
 /// One whole epoch without progress reporting or stopping: [`train_epoch`] from its first step,
 /// with `config`'s schedule. `epoch` counts from 0, as in [`train_epoch`]: epoch 0 is a run's
 /// first epoch, with its shuffle and dropout seeds.
-pub fn train_whole_epoch<B: AutodiffBackend>(
-    model: Model<B>,
-    optim: &mut Optimizer<Model<B>, B>,
+pub fn train_whole_epoch<B: AutodiffBackend, M: Trainable<B>>(
+    model: M,
+    optim: &mut Optimizer<M, B>,
     train: &DeviceSplit<B::InnerBackend>,
     config: &TrainConfig,
     epoch: usize,
-) -> (Model<B>, EpochEnd) {
+) -> (M, EpochEnd) {
     let steps = train.len().div_ceil(config.batch_size);
     let from = Progress::at_epoch(epoch, steps);
     let schedule = config.schedule(steps);
@@ -398,14 +412,14 @@ pub fn train_whole_epoch<B: AutodiffBackend>(
 
 /// One optimizer step on a batch already on the device. Returns the updated model and the
 /// batch's mean loss (label-smoothed as asked), still on the device (reading it is a sync).
-pub fn train_step<B: AutodiffBackend>(
-    model: Model<B>,
-    optim: &mut Optimizer<Model<B>, B>,
+pub fn train_step<B: AutodiffBackend, M: Trainable<B>>(
+    model: M,
+    optim: &mut Optimizer<M, B>,
     images: Tensor<B::InnerBackend, 4>,
     targets: Tensor<B::InnerBackend, 1, Int>,
     lr: f64,
     label_smoothing: f64,
-) -> (Model<B>, Tensor<B::InnerBackend, 1>) {
+) -> (M, Tensor<B::InnerBackend, 1>) {
     let output = model.forward(Tensor::from_inner(images));
     let batch_loss = loss(
         output,
@@ -449,7 +463,7 @@ impl EvalStats {
 
 /// Evaluates `model` (no autodiff) on `split` in batches of `batch_size`, as the PyTorch
 /// example's `test()`: summed NLL over the split divided by its size, and argmax accuracy.
-pub fn evaluate<B: Backend>(model: &Model<B>, split: &DeviceSplit<B>, batch_size: usize) -> EvalStats {
+pub fn evaluate<B: Backend, M: Classifier<B>>(model: &M, split: &DeviceSplit<B>, batch_size: usize) -> EvalStats {
     let start = Instant::now();
     let device = split.images.device();
     let len = split.len();
@@ -480,8 +494,8 @@ pub fn scalar<B: Backend>(t: Tensor<B, 1>) -> f64 {
 }
 
 /// Evaluates an autodiff model without building a graph.
-pub fn evaluate_trained<B: AutodiffBackend>(
-    model: &Model<B>,
+pub fn evaluate_trained<B: AutodiffBackend, M: Trainable<B>>(
+    model: &M,
     split: &DeviceSplit<B::InnerBackend>,
     batch_size: usize,
 ) -> EvalStats {

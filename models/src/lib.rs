@@ -1,10 +1,15 @@
-//! ember's models: burn `Module`s generic over the backend, layer for layer the CNNs that the
-//! seed benchmarks trained in PyTorch, tch-rs and flashlight.
+//! ember's models: burn `Module`s generic over the backend. The CNNs that the seed benchmarks
+//! trained in PyTorch, tch-rs and flashlight (layer for layer, 1x28x28 in), ResNet-20/18 and
+//! the speedrun net (any channels and size), PyTorch-exact batch norm.
 //!
-//! Every model maps a batch of single-channel 28x28 images, `[batch, 1, 28, 28]`, to ten scores,
-//! `[batch, 10]`. [`Classifier::output`] says whether those scores are already log-probabilities
-//! (PyTorch's example ends in `log_softmax`) or raw logits, so the trainer picks NLL or
-//! cross-entropy without knowing the model.
+//! Every model maps a batch of images, `[batch, channels, height, width]`, to one score per
+//! class, `[batch, classes]`. [`Classifier::output`] says whether those scores are already
+//! log-probabilities (PyTorch's example ends in `log_softmax`) or raw logits, so the trainer picks
+//! NLL or cross-entropy without knowing the model.
+//!
+//! [`EmberModel`] is what ember needs to know of a model to train, evaluate, checkpoint and
+//! import it: its name, how to build it for a dataset's images and classes, which images it
+//! takes, its cost. ember's own models implement it exactly as a user's model does.
 
 mod batch_norm;
 mod dropout;
@@ -37,7 +42,7 @@ pub enum Output {
 /// A model that classifies a batch of images.
 pub trait Classifier<B: Backend>: Module<B> {
     /// # Shapes
-    /// - `images`: `[batch, 1, 28, 28]`
+    /// - `images`: `[batch, channels, height, width]`, as [`EmberModel::init`] was asked for
     /// - output: `[batch, classes]`
     fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2>;
 
@@ -48,6 +53,128 @@ pub trait Classifier<B: Backend>: Module<B> {
     /// `num_params` also counts batch norm's running statistics.
     fn trainable_params(&self) -> usize {
         self.num_params()
+    }
+}
+
+/// The shape of one image as a model sees it: channels (1 grey, 3 RGB), height, width.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, burn::serde::Serialize, burn::serde::Deserialize)]
+#[serde(crate = "burn::serde")]
+pub struct ImageShape {
+    pub channels: usize,
+    pub height: usize,
+    pub width: usize,
+}
+
+impl ImageShape {
+    /// MNIST's and Fashion-MNIST's single-channel 28x28.
+    pub const MNIST: Self = Self {
+        channels: 1,
+        height: 28,
+        width: 28,
+    };
+
+    /// Values per image.
+    pub fn len(&self) -> usize {
+        self.channels * self.height * self.width
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Default for ImageShape {
+    fn default() -> Self {
+        Self::MNIST
+    }
+}
+
+impl core::fmt::Display for ImageShape {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "{}x{}x{}", self.channels, self.height, self.width)
+    }
+}
+
+/// A dataset whose images a model cannot take.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DoesNotFit {
+    /// The model's name.
+    pub model: String,
+    /// The nearest shape it takes.
+    pub takes: ImageShape,
+    pub got: ImageShape,
+}
+
+impl core::fmt::Display for DoesNotFit {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(
+            f,
+            "{} takes {} images and this dataset's are {}: use --channels {} --image-size {} to convert them, \
+             or a model that adapts to any (--model resnet20, resnet18 or speedrun-net)",
+            self.model, self.takes, self.got, self.takes.channels, self.takes.height
+        )
+    }
+}
+
+impl std::error::Error for DoesNotFit {}
+
+/// A model ember can train, evaluate, checkpoint, import and benchmark: one declaration of its
+/// facts. The value is the model's identity (a unit struct, or a config when one type serves
+/// several models, as ResNet-20 and ResNet-18 share [`ResNet`]).
+///
+/// ```ignore
+/// #[derive(Clone)]
+/// struct Small;
+/// impl EmberModel for Small {
+///     type Net<B: Backend> = SmallNet<B>;
+///     fn name(&self) -> &str { "small" }
+///     fn init<B: Backend>(&self, input: ImageShape, classes: usize, device: &B::Device) -> SmallNet<B> {
+///         SmallNetConfig::new(input.channels, classes).init(device)
+///     }
+/// }
+/// ```
+pub trait EmberModel: Clone + Send + Sync + 'static {
+    /// The network on backend `B`: a burn `Module` (`#[derive(Module)]`) that classifies.
+    type Net<B: Backend>: Classifier<B>;
+
+    /// The name on the command line (`--model NAME`) and in a run's `config.json`: lowercase,
+    /// digits and `-`.
+    fn name(&self) -> &str;
+
+    /// Other names `--model` accepts for it.
+    fn aliases(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// One line for `--help` and listings.
+    fn about(&self) -> &str {
+        ""
+    }
+
+    /// A new network, PyTorch-style initialised, for images of `input` and `classes` classes.
+    /// Parameters are drawn from the backend's generator, which the trainer seeds first.
+    fn init<B: Backend>(&self, input: ImageShape, classes: usize, device: &B::Device) -> Self::Net<B>;
+
+    /// Whether the network can take images of `input`; the error names the nearest shape it takes.
+    fn fits(&self, input: ImageShape) -> Result<(), DoesNotFit> {
+        let _ = input;
+        Ok(())
+    }
+
+    /// Multiply-accumulates of one forward pass over one image of `input` (convolutions and
+    /// linear layers), for `ember bench`'s FLOP rate; `None` when not counted.
+    fn forward_macs_per_image(&self, input: ImageShape) -> Option<u64> {
+        let _ = input;
+        None
+    }
+
+    /// The model a saved record holds, where the record tells (ember's seed models share one
+    /// record type whose variant names the model); checked against the run's `config.json`
+    /// for checkpoints written before `state.json` named the model.
+    #[doc(hidden)]
+    fn record_name<B: Backend>(&self, record: &<Self::Net<B> as Module<B>>::Record) -> Option<String> {
+        let _ = record;
+        None
     }
 }
 

@@ -3,12 +3,14 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 
 use super::DataArgs;
-use crate::backend::{self, BackendTask, DeviceArg, DeviceInfo};
+use crate::backend::{self, DeviceArg};
 use crate::data::{Data, Dataset};
+use crate::model::ModelName;
+use crate::registry;
+use crate::tasks::BenchJob;
 
 /// How much `ember bench` and `ember compare` measure.
 #[derive(Debug, Args)]
@@ -51,6 +53,9 @@ pub struct BenchArgs {
     /// What to measure.
     #[arg(long, value_enum)]
     pub scenario: crate::bench::Scenario,
+    /// Time this model with the scenario's recipe, data and batch size [default: the scenario's].
+    #[arg(long, value_parser = registry::parse_model)]
+    pub model: Option<ModelName>,
     /// auto, cpu, cuda or cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: DeviceArg,
@@ -67,9 +72,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
     let settings = args.measure.settings()?;
     backend::resolve(args.device)?;
     let data = Data::load(&args.data.source(Dataset::Mnist))?;
-    let record = backend::dispatch(
+    let name = args.model.clone().unwrap_or_else(|| args.scenario.config().model);
+    let model = registry::global().get(name.name())?;
+    let record = model.bench(
         args.device,
-        BenchTask {
+        BenchJob {
             scenario: args.scenario,
             settings,
             data,
@@ -81,19 +88,4 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     Ok(())
-}
-
-struct BenchTask {
-    scenario: crate::bench::Scenario,
-    settings: crate::bench::Settings,
-    data: Data,
-}
-
-impl BackendTask for BenchTask {
-    type Output = crate::bench::BenchRecord;
-
-    fn run<B: AutodiffBackend>(self, device: B::Device, info: DeviceInfo) -> Self::Output {
-        let gpu = info.cuda.and_then(crate::gpu::GpuMonitor::new);
-        crate::bench::run::<B>(self.scenario, self.settings, &self.data, &device, &info, gpu)
-    }
 }

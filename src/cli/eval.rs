@@ -3,15 +3,13 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 
 use super::DataArgs;
-use crate::backend::{self, BackendTask, DeviceArg, DeviceInfo};
+use crate::backend::{self, DeviceArg};
 use crate::checkpoint::RunDir;
-use crate::config::TrainConfig;
-use crate::data::{Data, DeviceSplit};
-use crate::train;
+use crate::registry;
+use crate::tasks::EvalJob;
 
 /// `ember eval`.
 #[derive(Debug, Args)]
@@ -36,7 +34,8 @@ pub fn run(args: EvalArgs) -> Result<()> {
         config.test_batch_size = n;
     }
     config.validate()?;
-    config.check_input()?;
+    let model = registry::global().get(config.model.name())?;
+    config.check_input(|input| model.fits(input))?;
     let d = &args.data;
     for (flag, set) in [
         ("--image-size", d.image_size.is_some()),
@@ -63,41 +62,6 @@ pub fn run(args: EvalArgs) -> Result<()> {
             config.num_classes()
         );
     }
-    backend::dispatch(args.device, EvalTask { config, data, run })?
-}
-
-struct EvalTask {
-    config: TrainConfig,
-    data: Data,
-    run: RunDir,
-}
-
-impl BackendTask for EvalTask {
-    type Output = Result<()>;
-
-    fn run<B: AutodiffBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
-        let Self { config, data, run } = self;
-        // Its errors name the file at fault, inside the run directory.
-        let model = run.load_model::<B::InnerBackend>(&config, &device)?;
-        let mut test = data.test;
-        if let Some(n) = config.limit_test {
-            test.truncate(n);
-        }
-        let test = DeviceSplit::<B::InnerBackend>::upload(&test, &config.normalization, &device);
-        let stats = train::evaluate(&model, &test, config.test_batch_size);
-        println!(
-            "ember eval: {} ({}, {} test), {info}",
-            run.path.display(),
-            config.model.name(),
-            config.dataset
-        );
-        println!(
-            "test loss {:.4}  accuracy {}  {:.2} s  {:.0} img/s",
-            stats.loss,
-            stats.accuracy_text(),
-            stats.seconds,
-            stats.images_per_sec()
-        );
-        Ok(())
-    }
+    model.eval(args.device, EvalJob { config, data, run })?;
+    Ok(())
 }

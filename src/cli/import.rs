@@ -5,11 +5,11 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 
-use crate::backend;
-use crate::checkpoint::RunDir;
 use crate::config::Recipe;
 use crate::data::Dataset;
-use crate::model::ModelKind;
+use crate::model::ModelName;
+use crate::registry;
+use crate::tasks::ImportJob;
 
 /// Formats `ember import` reads.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
@@ -27,8 +27,8 @@ pub struct ImportArgs {
     /// The file to convert.
     pub file: PathBuf,
     /// The model whose state_dict FILE holds (its parameter names and shapes must match).
-    #[arg(long, value_enum)]
-    pub model: ModelKind,
+    #[arg(long, value_parser = registry::parse_model)]
+    pub model: ModelName,
     /// Recipe whose settings (data normalisation, batch sizes) the checkpoint records [default: the model's].
     #[arg(long, value_enum)]
     pub recipe: Option<Recipe>,
@@ -42,22 +42,23 @@ pub struct ImportArgs {
 
 pub fn run(args: ImportArgs) -> Result<()> {
     let ImportFormat::Pytorch = args.from;
-    let mut config = args.recipe.unwrap_or(Recipe::of_model(args.model)).config();
-    config.model = args.model;
+    let model = registry::global().get(args.model.name())?;
+    let mut config = args.recipe.unwrap_or(Recipe::of_model(model.name())).config();
+    config.model = args.model.clone();
     if let Some(d) = args.dataset {
         config.dataset = crate::data::DatasetSpec::Idx(d);
     }
-    let device = Default::default();
-    let model = crate::import::from_pytorch_file::<backend::Cpu>(args.model, &args.file, &device)?;
-    let run = RunDir::create(args.out.clone())?;
-    run.save_config(&config)?;
-    run.save_checkpoint(&model, None, &crate::progress::Progress::default())?;
+    let out = args.out.clone();
+    let params = model.import(ImportJob {
+        config,
+        file: args.file.clone(),
+        out: out.clone(),
+    })?;
     println!(
-        "imported {} ({}, {} parameters) into {}",
+        "imported {} ({}, {params} parameters) into {}",
         args.file.display(),
-        args.model.name(),
-        ember_models::Classifier::trainable_params(&model),
-        run.path.display()
+        model.name(),
+        out.display()
     );
     Ok(())
 }

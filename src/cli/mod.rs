@@ -139,7 +139,7 @@ impl DataArgs {
     pub(crate) fn options(&self, config: &TrainConfig, device: &Resolved, fresh: bool) -> LoadOptions {
         let (max_memory, memory_source) = match self.max_dataset_memory {
             Some(n) => (n, "given".to_string()),
-            None => default_memory_budget(device),
+            None => crate::tasks::default_memory_budget(device),
         };
         let input = config.input;
         LoadOptions {
@@ -168,24 +168,6 @@ impl DataArgs {
     }
 }
 
-/// Half the device's memory: the rest is for the model, activations and the allocator.
-fn default_memory_budget(device: &Resolved) -> (u64, String) {
-    let (total, what) = match device {
-        Resolved::Cuda { index, .. } => (
-            crate::backend::total_memory(*index).map(|n| n as u64),
-            format!("cuda:{index}"),
-        ),
-        Resolved::Cpu => (crate::memory::physical_memory(), "this machine".to_string()),
-    };
-    match total {
-        Some(total) => (
-            total / 2,
-            format!("default: half of {what}'s {}", crate::memory::bytes(total)),
-        ),
-        None => (u64::MAX, "default: no limit, the memory size is unknown".into()),
-    }
-}
-
 /// Restores SIGPIPE's default action, so that `ember info | head -1` ends quietly, as Unix tools
 /// do, when the reader closes the pipe: Rust starts with SIGPIPE ignored, and `println!` to a
 /// closed pipe then panics ("failed printing to stdout"). Sockets are unaffected (std writes to
@@ -196,6 +178,26 @@ pub fn default_sigpipe() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+}
+
+/// ember's command line with `registry`'s models next to (or instead of) ember's own: what
+/// `ember`'s `main` is, for a user's binary (`ember::cli::main_with(Registry::builtin().with(MyNet))`).
+/// Run directories written by it name their model in `config.json`, and its `eval`, `predict`
+/// and `train --resume` find that model again. Exits the process: 1 on an error (printed as
+/// `Error: ...`), 130 after Ctrl-C.
+pub fn main_with(registry: crate::registry::Registry) -> ! {
+    default_sigpipe();
+    crate::run::mark_process_start();
+    crate::memory::keep_freed_memory();
+    crate::registry::install(registry);
+    let cli = <Cli as Parser>::parse();
+    if let Err(err) = run(cli) {
+        eprintln!("Error: {err:#}");
+        // 128 + SIGINT, as a shell reports a process stopped by Ctrl-C.
+        let interrupted = matches!(err.downcast_ref(), Some(crate::run::RunError::Interrupted { .. }));
+        std::process::exit(if interrupted { 130 } else { 1 });
+    }
+    std::process::exit(0)
 }
 
 /// Runs a parsed command line.

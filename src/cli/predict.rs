@@ -3,12 +3,12 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use burn::tensor::backend::AutodiffBackend;
 use clap::Args;
 
-use crate::backend::{self, BackendTask, DeviceArg, DeviceInfo};
+use crate::backend::{self, DeviceArg};
 use crate::checkpoint::RunDir;
-use crate::config::TrainConfig;
+use crate::registry;
+use crate::tasks::PredictJob;
 
 /// `ember predict`.
 #[derive(Debug, Args)]
@@ -31,75 +31,15 @@ pub struct PredictArgs {
 pub fn run(args: PredictArgs) -> Result<()> {
     let run = RunDir::open(&args.checkpoint)?;
     let config = run.load_config()?;
+    let model = registry::global().get(config.model.name())?;
     backend::resolve(args.device)?;
-    backend::dispatch(
+    model.predict(
         args.device,
-        PredictTask {
+        PredictJob {
             config,
             run,
             json: args.json,
             images: args.images,
         },
-    )?
-}
-
-struct PredictTask {
-    config: TrainConfig,
-    run: RunDir,
-    json: bool,
-    images: Vec<PathBuf>,
-}
-
-impl BackendTask for PredictTask {
-    type Output = Result<()>;
-
-    fn run<B: AutodiffBackend>(self, device: B::Device, _info: DeviceInfo) -> Result<()> {
-        use crate::predict;
-        let Self {
-            config,
-            run,
-            json,
-            images,
-        } = self;
-        let model = run.load_model::<B::InnerBackend>(&config, &device)?;
-        let prepare = predict::Prepare::of(&config);
-        let loaded: Vec<Result<_, predict::PredictError>> =
-            images.iter().map(|p| predict::load_as(p, prepare)).collect();
-        let good: Vec<Vec<u8>> = loaded.iter().filter_map(|r| r.as_ref().ok().cloned()).collect();
-        let mut probs =
-            predict::probabilities(&model, &good, prepare.shape(), &config.normalization, &device)
-                .into_iter();
-        let mut entries = Vec::new();
-        let mut failed = Vec::new();
-        for (path, result) in images.iter().zip(&loaded) {
-            let file = path.display().to_string();
-            match result {
-                Ok(_) => {
-                    let names = config.class_names();
-                    let name = |c: usize| names.get(c).cloned().unwrap_or_else(|| c.to_string());
-                    let p = predict::top3(&file, &probs.next().expect("one row per image"), name);
-                    if !json {
-                        println!("{}", p.text(&config));
-                    }
-                    entries.push(serde_json::to_value(&p)?);
-                }
-                Err(e) => {
-                    failed.push(e.to_string());
-                    entries.push(serde_json::json!({ "file": file, "error": e.to_string() }));
-                }
-            }
-        }
-        if json {
-            println!("{}", serde_json::to_string_pretty(&entries)?);
-        }
-        // One line for all of them, after the files that could be classified.
-        anyhow::ensure!(
-            failed.is_empty(),
-            "{} of {} files could not be classified: {}",
-            failed.len(),
-            images.len(),
-            failed.join("; ")
-        );
-        Ok(())
-    }
+    )
 }

@@ -3,17 +3,18 @@
 use std::path::PathBuf;
 
 use anyhow::Result;
-use burn::tensor::backend::AutodiffBackend;
 use clap::{Args, ValueEnum};
 
 use super::DataArgs;
-use crate::backend::{self, BackendTask, DeviceArg, DeviceInfo};
+use crate::backend::{self, DeviceArg};
 use crate::checkpoint::RunDir;
 use crate::config::{ConfigError, Recipe, TrainConfig};
-use crate::data::{Data, DatasetSpec, Normalization, PerChannel};
-use crate::model::ModelKind;
+use crate::data::{Data, PerChannel};
+use crate::model::ModelName;
 use crate::optim::{Anneal, OneCycle, OptimizerKind, Schedule};
-use crate::train::Splits;
+use crate::registry;
+use crate::tasks::TrainJob;
+pub use crate::tasks::SKIPPED_FILE;
 
 /// A flag's help with every recipe's value of the setting it overrides: `TEXT [pytorch-example:
 /// 64, tch: 256, flashlight: 64]`, or `TEXT [default: 1000]` when the recipes agree. Generated
@@ -46,8 +47,8 @@ pub struct TrainArgs {
     /// Seed run to reproduce; the flags below override its settings.
     #[arg(long, value_enum, default_value_t = Recipe::PytorchExample)]
     pub recipe: Recipe,
-    #[arg(long, value_enum, help = per_recipe("Model", |c| c.model.name().into()))]
-    pub model: Option<ModelKind>,
+    #[arg(long, value_parser = registry::parse_model, help = per_recipe("Model (`ember info` lists them)", |c| c.model.name().into()))]
+    pub model: Option<ModelName>,
     #[arg(long, value_enum, help = per_recipe("Optimizer", |c| value_name(c.optimizer.kind)))]
     pub optimizer: Option<OptimizerKind>,
     #[arg(long, help = per_recipe("Input batch size for training", |c| c.batch_size.to_string()))]
@@ -207,8 +208,10 @@ impl TrainArgs {
         macro_rules! set {
             ($($field:ident),*) => {$( if let Some(v) = self.$field { c.$field = v; } )*};
         }
+        if let Some(model) = &self.model {
+            c.model = model.clone();
+        }
         set!(
-            model,
             batch_size,
             test_batch_size,
             epochs,
@@ -312,6 +315,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
 fn fresh(args: &TrainArgs) -> Result<()> {
     let mut config = args.config()?;
     config.validate()?;
+    let model = registry::global().get(config.model.name())?;
     // A wrong --device fails before data is read or a run directory is made.
     let device = backend::resolve(args.device)?;
     let run = match &args.run_dir {
@@ -322,7 +326,13 @@ fn fresh(args: &TrainArgs) -> Result<()> {
     let loaded = crate::data::load(&config.dataset, &args.data.options(&config, &device, true))
         .map_err(anyhow::Error::from)
         .and_then(|data| {
-            fit_to_data(&mut config, &data, args)?;
+            let fits = |input| model.fits(input);
+            let given = crate::tasks::Given {
+                mean: args.mean.is_some(),
+                std: args.std.is_some(),
+                own_data: false,
+            };
+            crate::tasks::fit_to_data(&mut config, &data, fits, given, args.quiet)?;
             Ok(data)
         });
     let data = match loaded {
@@ -336,53 +346,6 @@ fn fresh(args: &TrainArgs) -> Result<()> {
     };
     run.save_config(&config)?;
     dispatch(args, config, data, run, false)
-}
-
-/// Completes a new run's settings from its data: the image shape and class names, and the
-/// normalisation statistics of CIFAR and folders (from the images trained on) unless given.
-/// Then checks what depends on them.
-fn fit_to_data(config: &mut TrainConfig, data: &Data, args: &TrainArgs) -> Result<()> {
-    if !args.quiet {
-        print_report(&config.dataset, data);
-    }
-    config.input = data.train.shape;
-    if config.dataset.idx().is_none() {
-        config.classes = data.classes.clone();
-        let (_, mut train) = data.train.clone().split_at(config.valid_size);
-        if let Some(n) = config.limit_train {
-            train.truncate(n);
-        }
-        if args.mean.is_none() || args.std.is_none() {
-            let measured = Normalization::of(&train);
-            if args.mean.is_none() {
-                config.normalization.mean = measured.mean;
-            }
-            if args.std.is_none() {
-                config.normalization.std = measured.std;
-            }
-            if !args.quiet {
-                println!(
-                    "normalisation from the {} training images: mean {} std {} (saved in config.json)",
-                    train.len(),
-                    config.normalization.mean,
-                    config.normalization.std
-                );
-            }
-        }
-    }
-    config.check_input()?;
-    config.check_train_size(data.train.len())?;
-    Ok(())
-}
-
-/// What reading the data found: decode time, skipped files.
-fn print_report(dataset: &DatasetSpec, data: &Data) {
-    if let Some(line) = data.report.summary() {
-        println!("{dataset}: {line}");
-    }
-    if let Some(line) = data.report.skipped_line() {
-        println!("{line}");
-    }
 }
 
 /// `--resume DIR`: the run's own settings; `--epochs N` extends it.
@@ -402,7 +365,8 @@ fn resume(dir: &std::path::Path, args: &TrainArgs) -> Result<()> {
         config.epochs = epochs;
     }
     config.validate()?;
-    config.check_input()?;
+    let model = registry::global().get(config.model.name())?;
+    config.check_input(|input| model.fits(input))?;
     let device = backend::resolve(args.device)?;
     let data = crate::data::load(&config.dataset, &args.data.options(&config, &device, false))?;
     if data.train.shape != config.input {
@@ -421,18 +385,9 @@ fn resume(dir: &std::path::Path, args: &TrainArgs) -> Result<()> {
 }
 
 fn dispatch(args: &TrainArgs, config: TrainConfig, data: Data, run: RunDir, resume: bool) -> Result<()> {
-    if !data.report.skipped.is_empty() {
-        let list: String = data
-            .report
-            .skipped
-            .iter()
-            .map(|(path, why)| format!("{}\t{why}\n", path.display()))
-            .collect();
-        let path = run.file(SKIPPED_FILE);
-        std::fs::write(&path, list).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    }
     crate::run::install_interrupt_handler();
-    let task = TrainTask {
+    let model = registry::global().get(config.model.name())?;
+    let job = TrainJob {
         config,
         data,
         run,
@@ -440,62 +395,8 @@ fn dispatch(args: &TrainArgs, config: TrainConfig, data: Data, run: RunDir, resu
         save_model: args.save_model,
         output: crate::run::Output::new(args.quiet, args.log_interval.unwrap_or(0)),
     };
-    backend::dispatch(args.device, task)?
-}
-
-/// The images `--skip-bad-images` skipped, one `PATH<TAB>REASON` line each.
-pub const SKIPPED_FILE: &str = "skipped.txt";
-
-struct TrainTask {
-    config: TrainConfig,
-    data: Data,
-    run: RunDir,
-    resume: bool,
-    save_model: bool,
-    output: crate::run::Output,
-}
-
-impl BackendTask for TrainTask {
-    type Output = Result<()>;
-
-    fn run<B: AutodiffBackend>(self, device: B::Device, info: DeviceInfo) -> Result<()> {
-        let Self {
-            config,
-            data,
-            run,
-            resume,
-            save_model,
-            output,
-        } = self;
-        let splits = Splits::<B::InnerBackend>::upload(&data, &config, &device)?;
-        let skipped = data.report.skipped_line();
-        drop(data);
-        let start = if resume {
-            crate::run::Start::<B>::resume(&run, &config, &device)?
-        } else {
-            crate::run::Start::<B>::fresh(&config, &device)
-        };
-        if !output.quiet {
-            println!(
-                "{}",
-                crate::run::header(&config, &start.model, &splits, &info.to_string(), &run)
-            );
-            if resume {
-                println!(
-                    "resuming after {} completed epochs ({} steps)",
-                    start.progress.epoch, start.progress.global_step
-                );
-            }
-        }
-        let result = crate::run::train(&config, &splits, &run, start, save_model, output);
-        if let Some(line) = skipped {
-            if !output.quiet {
-                println!("{line}; listed in {}", run.file(SKIPPED_FILE).display());
-            }
-        }
-        result?;
-        Ok(())
-    }
+    model.train(args.device, job)?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -504,6 +405,7 @@ mod tests {
 
     use super::*;
     use crate::cli::{Cli, Command};
+    use crate::model::ModelKind;
 
     #[test]
     fn flags_override_the_recipe() {
@@ -735,10 +637,11 @@ mod tests {
                 "{name}: README epochs {epochs:?}"
             );
             let params = cells[3].replace(',', "");
-            let model = c.model.init::<burn::backend::NdArray>(&Default::default());
+            let builtin = registry::Registry::builtin();
+            let model = builtin.get(c.model.name()).unwrap();
             assert_eq!(
                 params,
-                ember_models::Classifier::trainable_params(&model).to_string(),
+                model.trainable_params(c.input, c.num_classes()).to_string(),
                 "{name}: README parameters"
             );
             let (mean, std) = match data.split_once("mean ") {

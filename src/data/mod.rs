@@ -26,43 +26,8 @@ pub const IMAGE_PIXELS: usize = IMAGE_SIDE * IMAGE_SIDE;
 /// Classes in the MNIST-format datasets.
 pub const NUM_CLASSES: usize = 10;
 
-/// The shape of one image as the models see it: channels (1 grey, 3 RGB), height, width.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct ImageShape {
-    pub channels: usize,
-    pub height: usize,
-    pub width: usize,
-}
-
-impl ImageShape {
-    /// MNIST's and Fashion-MNIST's single-channel 28x28.
-    pub const MNIST: Self = Self {
-        channels: 1,
-        height: IMAGE_SIDE,
-        width: IMAGE_SIDE,
-    };
-
-    /// Values per image.
-    pub fn len(&self) -> usize {
-        self.channels * self.height * self.width
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-impl Default for ImageShape {
-    fn default() -> Self {
-        Self::MNIST
-    }
-}
-
-impl fmt::Display for ImageShape {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}x{}x{}", self.channels, self.height, self.width)
-    }
-}
+/// The shape of one image as the models see it (declared beside the models, which take it).
+pub use ember_models::ImageShape;
 
 /// Errors from reading datasets; each names the file or directory at fault.
 #[derive(Debug, thiserror::Error)]
@@ -315,7 +280,79 @@ pub struct Source {
     pub download: bool,
 }
 
+/// In-memory data that cannot make a [`Data`].
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum MemoryDataError {
+    #[error("the {split} split has {images} bytes of images, which is not {labels} labels of {shape} images ({expected} bytes)")]
+    Length {
+        split: &'static str,
+        images: usize,
+        labels: usize,
+        shape: ImageShape,
+        expected: usize,
+    },
+    #[error("the {split} split's label {label} (image {index}) is not below the {classes} class names")]
+    Label {
+        split: &'static str,
+        label: u16,
+        index: usize,
+        classes: usize,
+    },
+    #[error("the images' shape {0} has a zero side or channels other than 1 or 3")]
+    Shape(ImageShape),
+    #[error("the training split is empty")]
+    Empty,
+}
+
 impl Data {
+    /// A user's own images: `u8` pixels channel-major (`[n, channels, height, width]` in a flat
+    /// vector, as MNIST's IDX files and PyTorch's `ToTensor` order them), one label per image,
+    /// below `classes.len()`. ember normalises them per channel and keeps them on the device as
+    /// it does MNIST.
+    pub fn from_memory(
+        train: (Vec<u8>, Vec<u16>),
+        test: (Vec<u8>, Vec<u16>),
+        shape: ImageShape,
+        classes: Vec<String>,
+    ) -> Result<Self, MemoryDataError> {
+        if shape.is_empty() || !matches!(shape.channels, 1 | 3) {
+            return Err(MemoryDataError::Shape(shape));
+        }
+        let mut splits = Vec::with_capacity(2);
+        for (split, (images, labels)) in [("train", train), ("test", test)] {
+            let expected = labels.len() * shape.len();
+            if images.len() != expected {
+                return Err(MemoryDataError::Length {
+                    split,
+                    images: images.len(),
+                    labels: labels.len(),
+                    shape,
+                    expected,
+                });
+            }
+            if let Some((index, &label)) = labels.iter().enumerate().find(|(_, &l)| l as usize >= classes.len()) {
+                return Err(MemoryDataError::Label {
+                    split,
+                    label,
+                    index,
+                    classes: classes.len(),
+                });
+            }
+            splits.push(Split { images, labels, shape });
+        }
+        let test = splits.pop().expect("two splits");
+        let train = splits.pop().expect("two splits");
+        if train.is_empty() {
+            return Err(MemoryDataError::Empty);
+        }
+        Ok(Self {
+            train,
+            test,
+            classes,
+            report: LoadReport::default(),
+        })
+    }
+
     /// Loads an MNIST-format dataset's both splits from `source.dir`, downloading missing files first when allowed.
     /// Each file is `<name>.gz` or `<name>`; its decompressed bytes must match the known SHA-256.
     pub fn load(source: &Source) -> Result<Data, DataError> {

@@ -5,13 +5,13 @@
 use std::io::{Read, Seek};
 use std::path::{Path, PathBuf};
 
-use burn::module::{AutodiffModule, ModuleMapper, Param};
+use burn::module::{AutodiffModule, Module, ModuleMapper, Param};
 use burn::optim::GradientsParams;
 use burn::store::{ApplyResult, BurnToPyTorchAdapter, ModuleSnapshot, PyTorchToBurnAdapter, TensorSnapshot};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
-use crate::model::{Model, ModelKind};
+use crate::model::{EmberModel, ImageShape, Model, ModelKind};
 
 pub mod torch_save;
 
@@ -47,7 +47,7 @@ fn describe(missing: &[String], unexpected: &[String], invalid: &[String]) -> St
     s
 }
 
-fn check(result: ApplyResult, path: &Path, kind: ModelKind) -> Result<(), ImportError> {
+fn check(result: ApplyResult, path: &Path, model: &str) -> Result<(), ImportError> {
     let missing: Vec<String> = result.missing.into_iter().map(|(path, _)| path).collect();
     let invalid: Vec<String> = result.errors.iter().map(ToString::to_string).collect();
     if missing.is_empty() && result.unused.is_empty() && invalid.is_empty() {
@@ -57,28 +57,42 @@ fn check(result: ApplyResult, path: &Path, kind: ModelKind) -> Result<(), Import
     unexpected.sort();
     Err(ImportError::Mismatch {
         path: path.to_owned(),
-        model: kind.name().to_string(),
+        model: model.to_string(),
         missing,
         unexpected,
         invalid,
     })
 }
 
-/// Loads a PyTorch `state_dict` saved with `torch.save` (`.pt`/`.pth`) into a new `kind` model.
-/// Every key must match a parameter and every parameter must be present.
+/// Loads a PyTorch `state_dict` saved with `torch.save` (`.pt`/`.pth`) into a new `kind` model
+/// for MNIST's images and classes. Every key must match a parameter and every parameter must be
+/// present.
 pub fn from_pytorch_file<B: Backend>(
     kind: ModelKind,
     path: &Path,
     device: &B::Device,
 ) -> Result<Model<B>, ImportError> {
+    from_pytorch_file_of::<B, _>(&kind, ImageShape::MNIST, crate::data::NUM_CLASSES, path, device)
+}
+
+/// Loads a PyTorch `state_dict` into a new `model` for images of `input` and `classes`
+/// classes, by PyTorch's parameter names (the module's field paths, as burn-store maps them).
+pub fn from_pytorch_file_of<B: Backend, D: EmberModel>(
+    model: &D,
+    input: ImageShape,
+    classes: usize,
+    path: &Path,
+    device: &B::Device,
+) -> Result<D::Net<B>, ImportError> {
     let read_error = |reason| ImportError::Read {
         path: path.to_owned(),
         reason,
     };
     let mut file = TorchSave::open(path).map_err(|reason| read_error(printable(&reason)))?;
-    let model = kind.init::<B>(device);
-    let tensors = checked_tensors(&mut file, &pytorch_shapes(&model), path, kind)?;
-    from_pytorch_tensors(model, tensors, path)
+    let name = model.name().to_string();
+    let model = model.init::<B>(input, classes, device);
+    let tensors = checked_tensors(&mut file, &pytorch_shapes(&model), path, &name)?;
+    from_pytorch_tensors_of(model, &name, tensors, path)
 }
 
 /// The file's tensors, read only after their names, shapes and types match `expected` (the
@@ -88,11 +102,11 @@ fn checked_tensors<R: Read + Seek>(
     file: &mut TorchSave<R>,
     expected: &[(String, Vec<usize>)],
     path: &Path,
-    kind: ModelKind,
+    model: &str,
 ) -> Result<Vec<(String, TensorData)>, ImportError> {
     let mismatch = |missing, unexpected, invalid| ImportError::Mismatch {
         path: path.to_owned(),
-        model: kind.name().to_string(),
+        model: model.to_string(),
         missing,
         unexpected,
         invalid,
@@ -187,14 +201,25 @@ fn printable(text: &str) -> String {
         .collect()
 }
 
-/// Loads named tensors in PyTorch's layout into `model`, converted to the backend's float type;
-/// `source` names them in errors.
+/// Loads named tensors in PyTorch's layout into a built-in `model`, converted to the backend's
+/// float type; `source` names them in errors.
 pub fn from_pytorch_tensors<B: Backend>(
-    mut model: Model<B>,
+    model: Model<B>,
     tensors: Vec<(String, TensorData)>,
     source: &Path,
 ) -> Result<Model<B>, ImportError> {
-    let kind = model.kind();
+    let name = model.kind().name();
+    from_pytorch_tensors_of(model, name, tensors, source)
+}
+
+/// Loads named tensors in PyTorch's layout into `model` (called `name` in errors), converted
+/// to the backend's float type; `source` names them in errors.
+pub fn from_pytorch_tensors_of<B: Backend, M: Module<B>>(
+    mut model: M,
+    name: &str,
+    tensors: Vec<(String, TensorData)>,
+    source: &Path,
+) -> Result<M, ImportError> {
     let snapshots = tensors
         .into_iter()
         .map(|(name, data)| {
@@ -208,12 +233,12 @@ pub fn from_pytorch_tensors<B: Backend>(
         })
         .collect();
     let result = model.apply(snapshots, None, Some(Box::new(PyTorchToBurnAdapter)), true);
-    check(result, source, kind)?;
+    check(result, source, name)?;
     Ok(model)
 }
 
 /// The model's parameter shapes by PyTorch name, in PyTorch's layout, without reading values.
-fn pytorch_shapes<B: Backend>(model: &Model<B>) -> Vec<(String, Vec<usize>)> {
+fn pytorch_shapes<B: Backend, M: Module<B>>(model: &M) -> Vec<(String, Vec<usize>)> {
     model
         .collect(None, Some(Box::new(BurnToPyTorchAdapter)), true)
         .into_iter()
@@ -222,7 +247,7 @@ fn pytorch_shapes<B: Backend>(model: &Model<B>) -> Vec<(String, Vec<usize>)> {
 }
 
 /// The model's parameters by PyTorch name, in PyTorch's layout.
-pub fn to_pytorch_tensors<B: Backend>(model: &Model<B>) -> Vec<(String, TensorData)> {
+pub fn to_pytorch_tensors<B: Backend, M: Module<B>>(model: &M) -> Vec<(String, TensorData)> {
     model
         .collect(None, Some(Box::new(BurnToPyTorchAdapter)), true)
         .into_iter()
@@ -234,8 +259,8 @@ pub fn to_pytorch_tensors<B: Backend>(model: &Model<B>) -> Vec<(String, TensorDa
 }
 
 /// The gradients in `grads` of `model`'s parameters, by PyTorch name and layout.
-pub fn gradients_as_pytorch<B: AutodiffBackend>(
-    model: &Model<B>,
+pub fn gradients_as_pytorch<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
     grads: &GradientsParams,
 ) -> Vec<(String, TensorData)> {
     let mut as_values = GradsAsValues { grads };

@@ -1,0 +1,332 @@
+//! What each command does with a model, as library functions generic over the model: training
+//! (fresh or resumed), evaluation, prediction, benchmarks and import. The CLI parses flags into
+//! these and prints; [`crate::trainer::Trainer`] calls the same code; `crate::registry` runs them
+//! for a model named at run time.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::backend::{DeviceInfo, ModelTask};
+use crate::checkpoint::RunDir;
+use crate::config::TrainConfig;
+use crate::data::{Data, DeviceSplit, Normalization};
+use crate::model::{DoesNotFit, EmberModel, ImageShape, Trainable};
+use crate::run::{Output, Start};
+use crate::train::{self, EvalStats, Splits};
+
+/// Half the device's memory: the rest is for the model, activations and the allocator.
+pub fn default_memory_budget(device: &crate::backend::Resolved) -> (u64, String) {
+    use crate::backend::Resolved;
+    let (total, what) = match device {
+        Resolved::Cuda { index, .. } => (
+            crate::backend::total_memory(*index).map(|n| n as u64),
+            format!("cuda:{index}"),
+        ),
+        Resolved::Cpu => (crate::memory::physical_memory(), "this machine".to_string()),
+    };
+    match total {
+        Some(total) => (
+            total / 2,
+            format!("default: half of {what}'s {}", crate::memory::bytes(total)),
+        ),
+        None => (u64::MAX, "default: no limit, the memory size is unknown".into()),
+    }
+}
+
+/// The images `--skip-bad-images` skipped, one `PATH<TAB>REASON` line each.
+pub const SKIPPED_FILE: &str = "skipped.txt";
+
+/// What [`fit_to_data`] keeps of a run's settings.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Given {
+    /// `--mean`/`--std` were given: not measured from the images.
+    pub mean: bool,
+    pub std: bool,
+    /// The data is not `config.dataset`'s as read from files but a user's own
+    /// ([`Data::from_memory`]): its classes and statistics are recorded whatever the dataset.
+    pub own_data: bool,
+}
+
+/// Completes a new run's settings from its data: the image shape and class names, and the
+/// normalisation statistics of CIFAR, folders and in-memory data (from the images trained on)
+/// unless given. Then checks what depends on them, the model taking the images among them.
+pub fn fit_to_data(
+    config: &mut TrainConfig,
+    data: &Data,
+    fits: impl FnOnce(ImageShape) -> Result<(), DoesNotFit>,
+    given: Given,
+    quiet: bool,
+) -> Result<()> {
+    let (keep_mean, keep_std) = (given.mean, given.std);
+    if !quiet {
+        if let Some(line) = data.report.summary() {
+            println!("{}: {line}", config.dataset);
+        }
+        if let Some(line) = data.report.skipped_line() {
+            println!("{line}");
+        }
+    }
+    config.input = data.train.shape;
+    if config.dataset.idx().is_none() || given.own_data {
+        config.classes = data.classes.clone();
+        let (_, mut train) = data.train.clone().split_at(config.valid_size);
+        if let Some(n) = config.limit_train {
+            train.truncate(n);
+        }
+        if !(keep_mean && keep_std) {
+            let measured = Normalization::of(&train);
+            if !keep_mean {
+                config.normalization.mean = measured.mean;
+            }
+            if !keep_std {
+                config.normalization.std = measured.std;
+            }
+            if !quiet {
+                println!(
+                    "normalisation from the {} training images: mean {} std {} (saved in config.json)",
+                    train.len(),
+                    config.normalization.mean,
+                    config.normalization.std
+                );
+            }
+        }
+    }
+    config.check_input(fits)?;
+    config.check_train_size(data.train.len())?;
+    Ok(())
+}
+
+/// A run to train: fresh (its `config.json` written) or resumed from its last checkpoint.
+pub struct TrainJob {
+    pub config: TrainConfig,
+    pub data: Data,
+    pub run: RunDir,
+    pub resume: bool,
+    pub save_model: bool,
+    pub output: Output,
+}
+
+impl TrainJob {
+    /// Trains `model` on backend `B`; returns the trained network and its final test evaluation.
+    pub fn train_on<B: AutodiffBackend, D: EmberModel>(
+        self,
+        model: &D,
+        device: &B::Device,
+        info: &DeviceInfo,
+    ) -> Result<(D::Net<B>, EvalStats)>
+    where
+        D::Net<B>: Trainable<B>,
+    {
+        let Self {
+            config,
+            data,
+            run,
+            resume,
+            save_model,
+            output,
+        } = self;
+        if !data.report.skipped.is_empty() {
+            let list: String = data
+                .report
+                .skipped
+                .iter()
+                .map(|(path, why)| format!("{}\t{why}\n", path.display()))
+                .collect();
+            let path = run.file(SKIPPED_FILE);
+            std::fs::write(&path, list).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        }
+        let splits = Splits::<B::InnerBackend>::upload(&data, &config, device)?;
+        let skipped = data.report.skipped_line();
+        drop(data);
+        let start = if resume {
+            Start::<B, D::Net<B>>::resume(model, &run, &config, device)?
+        } else {
+            Start::<B, D::Net<B>>::fresh(model, &config, device)
+        };
+        if !output.quiet {
+            println!(
+                "{}",
+                crate::run::header(&config, &start.model, &splits, &info.to_string(), &run)
+            );
+            if resume {
+                println!(
+                    "resuming after {} completed epochs ({} steps)",
+                    start.progress.epoch, start.progress.global_step
+                );
+            }
+        }
+        let result = crate::run::train(&config, &splits, &run, start, save_model, output);
+        if let Some(line) = skipped {
+            if !output.quiet {
+                println!("{line}; listed in {}", run.file(SKIPPED_FILE).display());
+            }
+        }
+        Ok(result?)
+    }
+}
+
+impl<D: EmberModel> ModelTask<D> for TrainJob {
+    type Output = Result<EvalStats>;
+
+    fn run<B: AutodiffBackend>(self, model: &D, device: B::Device, info: DeviceInfo) -> Self::Output
+    where
+        D::Net<B>: Trainable<B>,
+    {
+        self.train_on::<B, D>(model, &device, &info).map(|(_, test)| test)
+    }
+}
+
+/// A checkpoint's test loss and accuracy (`ember eval`), printed.
+pub struct EvalJob {
+    pub config: TrainConfig,
+    pub data: Data,
+    pub run: RunDir,
+}
+
+impl<D: EmberModel> ModelTask<D> for EvalJob {
+    type Output = Result<EvalStats>;
+
+    fn run<B: AutodiffBackend>(self, model: &D, device: B::Device, info: DeviceInfo) -> Self::Output
+    where
+        D::Net<B>: Trainable<B>,
+    {
+        let Self { config, data, run } = self;
+        // Its errors name the file at fault, inside the run directory.
+        let net = run.load_model_of::<B::InnerBackend, D>(model, &config, &device)?;
+        let mut test = data.test;
+        if let Some(n) = config.limit_test {
+            test.truncate(n);
+        }
+        let test = DeviceSplit::<B::InnerBackend>::upload(&test, &config.normalization, &device);
+        let stats = train::evaluate(&net, &test, config.test_batch_size);
+        println!(
+            "ember eval: {} ({}, {} test), {info}",
+            run.path.display(),
+            config.model.name(),
+            config.dataset
+        );
+        println!(
+            "test loss {:.4}  accuracy {}  {:.2} s  {:.0} img/s",
+            stats.loss,
+            stats.accuracy_text(),
+            stats.seconds,
+            stats.images_per_sec()
+        );
+        Ok(stats)
+    }
+}
+
+/// Classifies image files with a checkpoint (`ember predict`), printed as text or JSON.
+pub struct PredictJob {
+    pub config: TrainConfig,
+    pub run: RunDir,
+    pub json: bool,
+    pub images: Vec<PathBuf>,
+}
+
+impl<D: EmberModel> ModelTask<D> for PredictJob {
+    type Output = Result<()>;
+
+    fn run<B: AutodiffBackend>(self, model: &D, device: B::Device, _info: DeviceInfo) -> Self::Output
+    where
+        D::Net<B>: Trainable<B>,
+    {
+        use crate::predict;
+        let Self {
+            config,
+            run,
+            json,
+            images,
+        } = self;
+        let net = run.load_model_of::<B::InnerBackend, D>(model, &config, &device)?;
+        let prepare = predict::Prepare::of(&config);
+        let loaded: Vec<Result<_, predict::PredictError>> =
+            images.iter().map(|p| predict::load_as(p, prepare)).collect();
+        let good: Vec<Vec<u8>> = loaded.iter().filter_map(|r| r.as_ref().ok().cloned()).collect();
+        let mut probs =
+            predict::probabilities(&net, &good, prepare.shape(), &config.normalization, &device).into_iter();
+        let mut entries = Vec::new();
+        let mut failed = Vec::new();
+        for (path, result) in images.iter().zip(&loaded) {
+            let file = path.display().to_string();
+            match result {
+                Ok(_) => {
+                    let names = config.class_names();
+                    let name = |c: usize| names.get(c).cloned().unwrap_or_else(|| c.to_string());
+                    let p = predict::top3(&file, &probs.next().expect("one row per image"), name);
+                    if !json {
+                        println!("{}", p.text(&config));
+                    }
+                    entries.push(serde_json::to_value(&p)?);
+                }
+                Err(e) => {
+                    failed.push(e.to_string());
+                    entries.push(serde_json::json!({ "file": file, "error": e.to_string() }));
+                }
+            }
+        }
+        if json {
+            println!("{}", serde_json::to_string_pretty(&entries)?);
+        }
+        // One line for all of them, after the files that could be classified.
+        anyhow::ensure!(
+            failed.is_empty(),
+            "{} of {} files could not be classified: {}",
+            failed.len(),
+            images.len(),
+            failed.join("; ")
+        );
+        Ok(())
+    }
+}
+
+/// Times a scenario's training steps and evaluation with a model (`ember bench`).
+pub struct BenchJob {
+    pub scenario: crate::bench::Scenario,
+    pub settings: crate::bench::Settings,
+    pub data: Data,
+}
+
+impl<D: EmberModel> ModelTask<D> for BenchJob {
+    type Output = crate::bench::BenchRecord;
+
+    fn run<B: AutodiffBackend>(self, model: &D, device: B::Device, info: DeviceInfo) -> Self::Output
+    where
+        D::Net<B>: Trainable<B>,
+    {
+        let gpu = info.cuda.and_then(crate::gpu::GpuMonitor::new);
+        crate::bench::run_model::<B, D>(model, self.scenario, self.settings, &self.data, &device, &info, gpu)
+    }
+}
+
+/// A PyTorch `state_dict` into a new run directory (`ember import`); returns the model's
+/// trained parameter count.
+pub struct ImportJob {
+    pub config: TrainConfig,
+    pub file: PathBuf,
+    pub out: PathBuf,
+}
+
+impl<D: EmberModel> ModelTask<D> for ImportJob {
+    type Output = Result<usize>;
+
+    fn run<B: AutodiffBackend>(self, model: &D, device: B::Device, _info: DeviceInfo) -> Self::Output
+    where
+        D::Net<B>: Trainable<B>,
+    {
+        let Self { config, file, out } = self;
+        let net = crate::import::from_pytorch_file_of::<B::InnerBackend, D>(
+            model,
+            config.input,
+            config.num_classes(),
+            &file,
+            &device,
+        )?;
+        let run = RunDir::create(out)?;
+        run.save_config(&config)?;
+        run.save_checkpoint(&net, None, &crate::progress::Progress::default())?;
+        Ok(ember_models::Classifier::trainable_params(&net))
+    }
+}
