@@ -137,6 +137,7 @@ impl Recipe {
             classes: Vec::new(),
             val_fraction: DEFAULT_VAL_FRACTION,
             skip_bad_images: false,
+            data_dir: None,
             optimizer: OptimizerConfig::new(OptimizerKind::Adadelta),
             lr: 1.0,
             schedule: Schedule::Step,
@@ -228,7 +229,7 @@ fn modern(base: TrainConfig) -> TrainConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainConfig {
     pub recipe: Recipe,
-    /// ember's or a user's model (`crate::registry` resolves the name).
+    /// ember's or a user's model (the registry, `src/registry.rs`, resolves the name).
     pub model: ModelName,
     pub dataset: DatasetSpec,
     /// The images as the model takes them (after any resizing); runs saved before datasets
@@ -244,6 +245,11 @@ pub struct TrainConfig {
     /// Unreadable images in a folder are skipped (and counted) instead of stopping the run.
     #[serde(default)]
     pub skip_bad_images: bool,
+    /// The folder an MNIST-format or CIFAR dataset was read from, so that `eval` and `--resume`
+    /// find it again from any working folder (`--data-dir` still overrides it); absent in runs
+    /// saved before ember recorded it, and for image folders (their path is the dataset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_dir: Option<std::path::PathBuf>,
     pub optimizer: OptimizerConfig,
     /// Learning rate of the first epoch.
     pub lr: f64,

@@ -1,12 +1,12 @@
 //! ember's built-in models and the name a run's `config.json` gives its model.
 //!
 //! Every model, ember's and a user's, is an [`EmberModel`]: the training loop, checkpoints,
-//! evaluation, prediction, import and benchmarks are generic over it (`crate::registry` maps
+//! evaluation, prediction, import and benchmarks are generic over it (the registry, `src/registry.rs`, maps
 //! `--model NAME` to one). The six models of the seed benchmarks and the recipes after them are
 //! one [`EmberModel`], [`ModelKind`], whose network is the [`Model`] enum: their checkpoints
 //! have been written as that enum's record since the first run, and stay loadable. A model
 //! added after them is its own [`EmberModel`] (its file in `models/`) and one line in
-//! `crate::registry::Registry::builtin`.
+//! `Registry::builtin` (`src/registry.rs`).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -43,7 +43,7 @@ where
 const NUM_CLASSES: usize = 10;
 
 /// The name of a run's model, as `--model` and `config.json` spell it: one of ember's
-/// ([`ModelKind`]) or a user's ([`EmberModel::name`]). `crate::registry::Registry` resolves it.
+/// ([`ModelKind`]) or a user's ([`EmberModel::name`]). The registry (`src/registry.rs`) resolves it.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ModelName(pub Cow<'static, str>);
@@ -290,6 +290,15 @@ impl EmberModel for ModelKind {
 
     fn fits(&self, input: ImageShape) -> Result<(), DoesNotFit> {
         ModelKind::fits(*self, input)
+    }
+
+    fn init_without_dropout<B: Backend>(&self, input: ImageShape, classes: usize, device: &B::Device) -> Model<B> {
+        assert_eq!(
+            (input, classes),
+            (ImageShape::MNIST, NUM_CLASSES),
+            "the seed models' parity fixtures are MNIST's"
+        );
+        ModelKind::init_without_dropout(*self, device)
     }
 
     fn forward_macs_per_image(&self, input: ImageShape) -> Option<u64> {

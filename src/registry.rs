@@ -11,7 +11,7 @@ use std::sync::{Arc, OnceLock};
 use crate::backend::{DeviceArg, Trains};
 use crate::bench::BenchRecord;
 use crate::model::{DoesNotFit, EmberModel, ImageShape, ModelKind, ModelName};
-use crate::tasks::{BenchJob, EvalJob, ImportJob, PredictJob, TrainJob};
+use crate::tasks::{BenchJob, EvalJob, ExportJob, ImportJob, PredictJob, TrainJob};
 use crate::train::EvalStats;
 
 /// A model known by name, whatever its type: what the command line needs of an [`EmberModel`].
@@ -30,6 +30,8 @@ pub trait AnyModel: Send + Sync {
     fn bench(&self, device: DeviceArg, job: BenchJob) -> anyhow::Result<BenchRecord>;
     /// On the CPU: the weights are read into a checkpoint, not run.
     fn import(&self, job: ImportJob) -> anyhow::Result<usize>;
+    /// On the CPU: the checkpoint's weights are written out, not run.
+    fn export(&self, job: ExportJob) -> anyhow::Result<usize>;
 }
 
 impl<D: Trains> AnyModel for D {
@@ -77,6 +79,24 @@ impl<D: Trains> AnyModel for D {
     fn import(&self, job: ImportJob) -> anyhow::Result<usize> {
         self.dispatch(DeviceArg::Cpu, job)?
     }
+
+    fn export(&self, job: ExportJob) -> anyhow::Result<usize> {
+        self.dispatch(DeviceArg::Cpu, job)?
+    }
+}
+
+/// Something done with every built-in model, with its type (tests run each one's parity
+/// fixture this way).
+pub trait EachBuiltin {
+    fn visit<D: Trains>(&mut self, model: D);
+}
+
+/// ember's built-in models, in order: the one list of them. The seed models and the recipes'
+/// ResNets and speedrun net ([`ModelKind`]), then one line for each model added after them.
+pub fn each_builtin(each: &mut impl EachBuiltin) {
+    for kind in <ModelKind as clap::ValueEnum>::value_variants() {
+        each.visit(*kind);
+    }
 }
 
 /// A name that no model of this binary has.
@@ -99,14 +119,17 @@ impl Registry {
         Self::default()
     }
 
-    /// ember's own models: the seed models and the recipes' ResNets and speedrun net
-    /// ([`ModelKind`]), then one line for each model added after them.
+    /// ember's own models ([`each_builtin`]).
     pub fn builtin() -> Self {
-        let mut registry = Self::empty();
-        for kind in <ModelKind as clap::ValueEnum>::value_variants() {
-            registry = registry.with(*kind);
+        struct Collect(Registry);
+        impl EachBuiltin for Collect {
+            fn visit<D: Trains>(&mut self, model: D) {
+                self.0 = std::mem::take(&mut self.0).with(model);
+            }
         }
-        registry
+        let mut collect = Collect(Self::empty());
+        each_builtin(&mut collect);
+        collect.0
     }
 
     /// This registry and `model`.
@@ -157,7 +180,7 @@ impl Registry {
 static GLOBAL: OnceLock<Registry> = OnceLock::new();
 
 /// Makes `registry` the one the command line resolves `--model` in (see
-/// `crate::cli::main_with`); only the first call takes effect.
+/// `cli::main_with`); only the first call takes effect.
 pub fn install(registry: Registry) {
     let _ = GLOBAL.set(registry);
 }

@@ -1,6 +1,6 @@
 //! What each command does with a model, as library functions generic over the model: training
 //! (fresh or resumed), evaluation, prediction, benchmarks and import. The CLI parses flags into
-//! these and prints; [`crate::trainer::Trainer`] calls the same code; `crate::registry` runs them
+//! these and prints; `trainer::Trainer` calls the same code; the registry (`src/registry.rs`) runs them
 //! for a model named at run time.
 
 use std::path::PathBuf;
@@ -95,6 +95,10 @@ pub fn fit_to_data(
     }
     config.check_input(fits)?;
     config.check_train_size(data.train.len())?;
+    if !given.own_data && config.dataset.uses_data_dir() && config.data_dir.is_none() {
+        let dir = config.dataset.default_dir();
+        config.data_dir = std::path::absolute(&dir).ok();
+    }
     Ok(())
 }
 
@@ -328,5 +332,39 @@ impl<D: EmberModel> ModelTask<D> for ImportJob {
         run.save_config(&config)?;
         run.save_checkpoint(&net, None, &crate::progress::Progress::default())?;
         Ok(ember_models::Classifier::trainable_params(&net))
+    }
+}
+
+/// A run's latest weights under PyTorch's parameter names (`ember export`), as safetensors:
+/// the PyTorch twin loads them with `load_state_dict(strict=True)`. Returns the tensor count.
+pub struct ExportJob {
+    pub config: TrainConfig,
+    pub run: RunDir,
+    pub out: PathBuf,
+}
+
+impl<D: EmberModel> ModelTask<D> for ExportJob {
+    type Output = Result<usize>;
+
+    fn run<B: AutodiffBackend>(self, model: &D, device: B::Device, _info: DeviceInfo) -> Self::Output
+    where
+        D::Net<B>: Trainable<B>,
+    {
+        let Self { config, run, out } = self;
+        let net = run.load_model_of::<B::InnerBackend, D>(model, &config, &device)?;
+        let state = run.load_state()?;
+        let metadata = [
+            ("model", config.model.name().to_string()),
+            ("input", config.input.to_string()),
+            ("classes", config.num_classes().to_string()),
+            ("epoch", state.progress.epoch.to_string()),
+            ("step", state.progress.global_step.to_string()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let bytes = crate::import::to_safetensors(&net, metadata);
+        crate::files::write_atomic(&out, &bytes)?;
+        Ok(crate::import::to_pytorch_tensors(&net).len())
     }
 }

@@ -274,6 +274,9 @@ impl Trainer {
             None => RunDir::fresh_default(model.name())?,
         };
         let lock = run.lock()?;
+        if let Some(dir) = &self.data_dir {
+            self.config.data_dir = std::path::absolute(dir).ok();
+        }
         let given = Given { own_data, ..self.given };
         if let Err(e) = crate::tasks::fit_to_data(&mut self.config, &data, |i| model.fits(i), given, self.quiet) {
             // Nothing was written into the new run directory yet: do not leave it behind.
@@ -297,7 +300,11 @@ impl Trainer {
         let (max_memory, memory_source) = crate::tasks::default_memory_budget(device);
         let input = self.config.input;
         LoadOptions {
-            dir: self.data_dir.clone().filter(|_| self.config.dataset.uses_data_dir()),
+            dir: self
+                .data_dir
+                .clone()
+                .or_else(|| self.config.data_dir.clone())
+                .filter(|_| self.config.dataset.uses_data_dir()),
             download: !self.offline,
             image_size: None,
             fallback_size: [input.height, input.width],

@@ -25,6 +25,46 @@ fn parity_all_models_flex() {
     }
 }
 
+/// Every built-in model has a parity fixture (`benches/pytorch/parity.py`, from its twin in
+/// `models.py`), replayed here: a model added to the registry is compared with PyTorch without
+/// a line here. ResNet-18 alone has none (11M parameters; ResNet-20 covers its blocks).
+#[test]
+fn parity_every_builtin_model_flex() {
+    use ember::backend::{DeviceArg, DeviceInfo, ModelTask, Trains};
+    use ember::model::{EmberModel, Trainable};
+    use ember::registry::{each_builtin, EachBuiltin};
+    use burn::tensor::backend::AutodiffBackend;
+
+    struct Replay;
+    impl<D: EmberModel> ModelTask<D> for Replay {
+        type Output = ();
+        fn run<B: AutodiffBackend>(self, model: &D, device: B::Device, _info: DeviceInfo)
+        where
+            D::Net<B>: Trainable<B>,
+        {
+            parity::assert_parity_of::<B, D>(model, CPU, &device);
+        }
+    }
+    struct Each(Vec<String>);
+    impl EachBuiltin for Each {
+        fn visit<D: Trains>(&mut self, model: D) {
+            let name = model.name().to_string();
+            if name == "resnet18" {
+                return;
+            }
+            assert!(
+                fixtures().join(format!("parity-{name}.safetensors")).is_file(),
+                "{name} has no parity fixture: add its twin to benches/pytorch/models.py and run parity.py --only {name}"
+            );
+            model.dispatch(DeviceArg::Cpu, Replay).unwrap();
+            self.0.push(name);
+        }
+    }
+    let mut each = Each(Vec::new());
+    each_builtin(&mut each);
+    assert!(each.0.len() >= 5, "{:?}", each.0);
+}
+
 #[cfg(feature = "cuda")]
 #[test]
 fn parity_all_models_cuda() {

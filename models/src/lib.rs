@@ -168,6 +168,12 @@ pub trait EmberModel: Clone + Send + Sync + 'static {
         None
     }
 
+    /// The network with every dropout probability 0 (deterministic in training mode), for
+    /// comparing its gradients with PyTorch's; a network without dropout is just [`EmberModel::init`]'s.
+    fn init_without_dropout<B: Backend>(&self, input: ImageShape, classes: usize, device: &B::Device) -> Self::Net<B> {
+        self.init(input, classes, device)
+    }
+
     /// The model a saved record holds, where the record tells (ember's seed models share one
     /// record type whose variant names the model); checked against the run's `config.json`
     /// for checkpoints written before `state.json` named the model.

@@ -25,6 +25,16 @@ pub fn run(args: InfoArgs) -> Result<()> {
     println!("burn 0.21.0");
     println!("compiled backends: {}", backend::compiled().join(", "));
     println!("cpu threads: {}", backend::cpu_threads());
+    println!("models (--model):");
+    for model in crate::registry::global().models() {
+        let aliases = model.aliases();
+        let aliases = if aliases.is_empty() {
+            String::new()
+        } else {
+            format!(" (also {})", aliases.join(", "))
+        };
+        println!("  {}{aliases}: {}", model.name(), model.about());
+    }
     let resolved = backend::resolve(args.device)?;
     let device = match &resolved {
         backend::Resolved::Cpu => format!("cpu ({} backend)", backend::CPU_BACKEND),

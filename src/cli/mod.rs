@@ -14,6 +14,7 @@ pub mod bench;
 pub mod compare;
 pub mod data;
 pub mod eval;
+pub mod export;
 pub mod import;
 pub mod info;
 pub mod plot;
@@ -24,6 +25,7 @@ pub use bench::{BenchArgs, MeasureArgs};
 pub use compare::CompareArgs;
 pub use data::DataCmdArgs;
 pub use eval::EvalArgs;
+pub use export::ExportArgs;
 pub use import::{ImportArgs, ImportFormat};
 pub use info::InfoArgs;
 pub use plot::PlotArgs;
@@ -51,6 +53,9 @@ pub enum Command {
     Compare(CompareArgs),
     /// Convert a PyTorch state_dict (`torch.save(model.state_dict(), PATH)`) into a checkpoint.
     Import(ImportArgs),
+    /// Write a checkpoint's weights under PyTorch's parameter names (safetensors), for
+    /// `load_state_dict(strict=True)` of the PyTorch twin.
+    Export(ExportArgs),
     /// Classify image files (PNG, JPEG) with a checkpoint: class and top-3 probabilities.
     Predict(PredictArgs),
     /// Read a dataset as `ember train` would and describe it: classes, shape, splits,
@@ -143,7 +148,11 @@ impl DataArgs {
         };
         let input = config.input;
         LoadOptions {
-            dir: self.data_dir.clone().filter(|_| config.dataset.uses_data_dir()),
+            dir: self
+                .data_dir
+                .clone()
+                .or_else(|| config.data_dir.clone())
+                .filter(|_| config.dataset.uses_data_dir()),
             download: !self.offline,
             image_size: if fresh {
                 self.image_size
@@ -208,6 +217,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Compare(args) => compare::run(args),
         Command::Import(args) => import::run(args),
+        Command::Export(args) => export::run(args),
         Command::Predict(args) => predict::run(args),
         Command::Data(args) => data::run(args),
         Command::Plot(args) => plot::run(args),

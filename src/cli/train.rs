@@ -314,6 +314,9 @@ pub fn run(args: TrainArgs) -> Result<()> {
 /// A new run: the recipe with the flags' overrides, in a new run directory.
 fn fresh(args: &TrainArgs) -> Result<()> {
     let mut config = args.config()?;
+    if let Some(dir) = &args.data.data_dir {
+        config.data_dir = std::path::absolute(dir).ok();
+    }
     config.validate()?;
     let model = registry::global().get(config.model.name())?;
     // A wrong --device fails before data is read or a run directory is made.

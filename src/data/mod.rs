@@ -213,9 +213,37 @@ impl Dataset {
     }
 
     /// The default data directory: `data/<name>`.
+    /// Where its files are looked for (and downloaded to) without `--data-dir`; see
+    /// [`default_data_dir`].
     pub fn default_dir(self) -> PathBuf {
-        Path::new("data").join(self.name())
+        default_data_dir(self.name(), |dir| {
+            self.files()
+                .iter()
+                .all(|f| dir.join(f.name).is_file() || dir.join(format!("{}.gz", f.name)).is_file())
+        })
     }
+}
+
+/// The folder of dataset `name` without `--data-dir`: `data/<name>` in the working folder when
+/// it exists (a clone of ember); else the `data/<name>` of the source tree this binary was built
+/// from when it holds the dataset (`complete`): an `ember` installed with `cargo install --path .`
+/// finds the committed MNIST from any folder; else the user's data folder,
+/// `$XDG_DATA_HOME/ember/<name>` or `~/.local/share/ember/<name>`, where downloads go (never an
+/// empty `data/` in whatever folder ember was started from).
+pub fn default_data_dir(name: &str, complete: impl Fn(&Path) -> bool) -> PathBuf {
+    let local = Path::new("data").join(name);
+    if local.is_dir() {
+        return local;
+    }
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join("data").join(name);
+    if complete(&built) {
+        return built;
+    }
+    let user = std::env::var_os("XDG_DATA_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")));
+    user.map_or(local, |d| d.join("ember").join(name))
 }
 
 /// Images and labels of one split, on the host, as stored: `u8` pixels, each image
@@ -502,6 +530,16 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 pub(crate) mod tests {
     use super::*;
     use std::io::Write;
+
+    #[test]
+    fn without_a_local_folder_data_is_found_in_the_source_tree_then_the_users_folder() {
+        let built = default_data_dir("no-such-dataset", |_| true);
+        assert_eq!(built, Path::new(env!("CARGO_MANIFEST_DIR")).join("data/no-such-dataset"));
+        let user = default_data_dir("no-such-dataset", |_| false);
+        assert!(user.ends_with("ember/no-such-dataset") || user == Path::new("data/no-such-dataset"), "{user:?}");
+        // A clone's own data/ folder comes first (cargo runs tests in the package's folder).
+        assert_eq!(default_data_dir("mnist", |_| false), Path::new("data/mnist"));
+    }
 
     /// The repository's own MNIST (`data/mnist`, committed), so a plain clone tests offline.
     pub fn repo_mnist() -> PathBuf {

@@ -1,7 +1,7 @@
 //! Which dataset a run reads (`--dataset`'s values, saved in `config.json`) and how it is read.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
@@ -43,7 +43,7 @@ impl DatasetSpec {
     pub fn default_dir(&self) -> PathBuf {
         match self {
             Self::Idx(d) => d.default_dir(),
-            Self::Cifar(c) => Path::new("data").join(c.name()),
+            Self::Cifar(c) => super::default_data_dir(c.name(), |dir| dir.join(c.folder()).is_dir()),
             Self::Folder(p) => p.clone(),
         }
     }

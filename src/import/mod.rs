@@ -258,6 +258,37 @@ pub fn to_pytorch_tensors<B: Backend, M: Module<B>>(model: &M) -> Vec<(String, T
         .collect()
 }
 
+/// `model`'s tensors by PyTorch name and layout (batch norm's running statistics and
+/// `num_batches_tracked`, as int64, included) as a safetensors file's bytes, keys sorted, with
+/// `metadata` in its header: what `safetensors.torch.load_file` reads and
+/// `load_state_dict(strict=True)` of the PyTorch twin takes.
+pub fn to_safetensors<B: Backend, M: Module<B>>(
+    model: &M,
+    metadata: std::collections::HashMap<String, String>,
+) -> Vec<u8> {
+    use safetensors::tensor::{Dtype, TensorView};
+    let tensors: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = to_pytorch_tensors(model)
+        .into_iter()
+        .map(|(name, data)| {
+            let shape = data.shape.to_vec();
+            let values: Vec<f32> = data.convert::<f32>().to_vec().expect("f32 tensors");
+            if is_counter(&name) {
+                // PyTorch's counter is an int64 scalar; ember keeps it as one f32.
+                let count = values.first().copied().unwrap_or(0.0) as i64;
+                (name, Dtype::I64, Vec::new(), count.to_le_bytes().to_vec())
+            } else {
+                let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                (name, Dtype::F32, shape, bytes)
+            }
+        })
+        .collect();
+    let views = tensors.iter().map(|(name, dtype, shape, bytes)| {
+        let view = TensorView::new(*dtype, shape.clone(), bytes).expect("shape and bytes agree");
+        (name.clone(), view)
+    });
+    safetensors::tensor::serialize(views, Some(metadata)).expect("in-memory tensors serialise")
+}
+
 /// The gradients in `grads` of `model`'s parameters, by PyTorch name and layout.
 pub fn gradients_as_pytorch<B: AutodiffBackend, M: AutodiffModule<B>>(
     model: &M,

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use burn::optim::{GradientsParams, Optimizer as _};
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Int, Tensor, TensorData};
-use ember::import::{from_pytorch_tensors, gradients_as_pytorch, to_pytorch_tensors};
-use ember::model::{Model, ModelKind};
+use ember::import::{from_pytorch_tensors_of, gradients_as_pytorch, to_pytorch_tensors};
+use ember::model::{EmberModel, ImageShape, ModelKind, Trainable};
 use ember::train::loss;
 use ember_models::Classifier;
 use safetensors::SafeTensors;
@@ -130,12 +130,12 @@ fn hash_uniform(seed: u64, k: u64, n: usize, bound: f64) -> Vec<f32> {
 }
 
 /// `kind`'s model (dropout off) with the fixture's initial weights.
-fn initial_model<B: burn::tensor::backend::Backend>(
-    kind: ModelKind,
+fn initial_model<B: burn::tensor::backend::Backend, D: EmberModel>(
+    kind: &D,
     fixture: &Fixture,
     device: &B::Device,
-) -> Model<B> {
-    let model = kind.init_without_dropout::<B>(device);
+) -> D::Net<B> {
+    let model = kind.init_without_dropout::<B>(ImageShape::MNIST, 10, device);
     let shapes: HashMap<String, Vec<usize>> = to_pytorch_tensors(&model)
         .into_iter()
         .map(|(n, d)| (n, d.shape.to_vec()))
@@ -162,7 +162,7 @@ fn initial_model<B: burn::tensor::backend::Backend>(
             (name, data)
         })
         .collect();
-    from_pytorch_tensors(model, all, Path::new("fixture")).unwrap()
+    from_pytorch_tensors_of(model, kind.name(), all, Path::new("fixture")).unwrap()
 }
 
 /// Max |a - b| / max |b|.
@@ -228,6 +228,19 @@ pub fn check<B: AutodiffBackend>(
     tol: Tolerance,
     device: &B::Device,
 ) -> Result<(), String> {
+    check_of::<B, ModelKind>(fixture_name, &kind, tol, device)
+}
+
+/// [`check`] for any model.
+pub fn check_of<B: AutodiffBackend, D: EmberModel>(
+    fixture_name: &str,
+    kind: &D,
+    tol: Tolerance,
+    device: &B::Device,
+) -> Result<(), String>
+where
+    D::Net<B>: Trainable<B>,
+{
     let fixture = Fixture::load(fixture_name);
     let (shape, images) = fixture.get("images");
     let x = Tensor::<B, 4>::from_data(
@@ -246,7 +259,7 @@ pub fn check<B: AutodiffBackend>(
         .convert::<B::IntElem>(),
         device,
     );
-    let mut model = initial_model::<B>(kind, &fixture, device);
+    let mut model = initial_model::<B, D>(kind, &fixture, device);
     let out = model.forward(x.clone());
     let batch_loss = loss(out.clone(), model.output(), y.clone(), 0.0);
     let slack = tol.f32_slack;
@@ -264,7 +277,7 @@ pub fn check<B: AutodiffBackend>(
         )?;
     }
 
-    let config = ember::config::Recipe::of_model(kind).config();
+    let config = ember::config::Recipe::of_model(kind.name()).config();
     let o = &config.optimizer;
     let described = if o.nesterov {
         // models.py's "sgd-nesterov": momentum 0.9, weight decay 5e-4 on weights only.
@@ -275,7 +288,7 @@ pub fn check<B: AutodiffBackend>(
     };
     assert_eq!(fixture.meta["optimizer"], described);
     assert_eq!(fixture.meta["lr"].parse::<f64>().unwrap(), config.lr);
-    let mut optim = config.optimizer.init::<B, Model<B>>();
+    let mut optim = config.optimizer.init::<B, D::Net<B>>();
     for _ in 0..3 {
         let out = model.forward(x.clone());
         let grads = GradientsParams::from_grads(loss(out, model.output(), y.clone(), 0.0).backward(), &model);
@@ -298,7 +311,15 @@ pub fn check<B: AutodiffBackend>(
 }
 
 pub fn assert_parity<B: AutodiffBackend>(kind: ModelKind, tol: Tolerance, device: &B::Device) {
-    if let Err(e) = check::<B>(kind.name(), kind, tol, device) {
+    assert_parity_of::<B, ModelKind>(&kind, tol, device)
+}
+
+/// [`assert_parity`] for any model.
+pub fn assert_parity_of<B: AutodiffBackend, D: EmberModel>(kind: &D, tol: Tolerance, device: &B::Device)
+where
+    D::Net<B>: Trainable<B>,
+{
+    if let Err(e) = check_of::<B, D>(kind.name(), kind, tol, device) {
         panic!(
             "{} diverges from PyTorch on {}: {e}",
             kind.name(),
