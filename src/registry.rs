@@ -97,6 +97,7 @@ pub fn each_builtin(each: &mut impl EachBuiltin) {
     for kind in <ModelKind as clap::ValueEnum>::value_variants() {
         each.visit(*kind);
     }
+    each.visit(ember_models::LeNet5Model);
 }
 
 /// A name that no model of this binary has.

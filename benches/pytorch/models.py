@@ -156,6 +156,25 @@ class SpeedrunNet(nn.Module):
         return self.fc(torch.flatten(x, 1))
 
 
+class LeNet5(nn.Module):
+    """LeNet-5 with ReLU and max pooling (models/src/lenet.rs); conv1 padded by 2 for 28x28."""
+
+    def __init__(self, in_channels=1, num_classes=10, image_size=(28, 28)):
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, 6, 5, padding=2)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        h, w = ((s // 2 - 4) // 2 for s in image_size)
+        self.fc1 = nn.Linear(16 * h * w, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        x = torch.flatten(x, 1)
+        return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+
 def resnet20(**kw):
     return ResNet([16, 32, 64], [3, 3, 3], **kw)
 
@@ -171,10 +190,12 @@ MODELS = {
     "flashlight-cnn": (FlashlightCnn, False, "sgd", 1e-2, (0.0, 1.0)),
     "resnet20": (resnet20, False, "sgd-nesterov", 0.1, (0.2860, 0.3530)),
     "speedrun-net": (SpeedrunNet, False, "sgd-nesterov", 0.2, (0.1307, 0.3081)),
+    # No recipe of its own: ember trains it with resnet-fashion's (Recipe::of_model).
+    "lenet5": (LeNet5, False, "sgd-nesterov", 0.1, (0.2860, 0.3530)),
 }
 
 # Dropout layers of each model: a model is built without dropout by passing this many zeros.
-DROPOUTS = {"pytorch-example-net": 2, "tch-net": 2, "flashlight-cnn": 1, "resnet20": 0, "speedrun-net": 0}
+DROPOUTS = {"pytorch-example-net": 2, "tch-net": 2, "flashlight-cnn": 1, "resnet20": 0, "speedrun-net": 0, "lenet5": 0}
 
 
 def optimizer(name, params, lr):

@@ -14,6 +14,7 @@
 mod batch_norm;
 mod dropout;
 mod flashlight;
+mod lenet;
 mod pytorch_example;
 mod resnet;
 mod speedrun;
@@ -22,6 +23,7 @@ mod tch;
 pub use batch_norm::{BatchNorm2d, BatchNorm2dConfig};
 pub use dropout::ChannelDropout;
 pub use flashlight::{pad_replicate, FlashlightCnn, FlashlightCnnConfig};
+pub use lenet::{LeNet5, LeNet5Config, LeNet5Model};
 pub use pytorch_example::{PytorchExampleNet, PytorchExampleNetConfig};
 pub use resnet::{BasicBlock, Projection, ResNet, ResNetConfig};
 pub use speedrun::{SpeedrunNet, SpeedrunNetConfig};
