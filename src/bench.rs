@@ -287,7 +287,8 @@ pub fn run<B: AutodiffBackend>(
     gpu: Option<GpuMonitor>,
 ) -> BenchRecord {
     let config = scenario.config();
-    let kind = crate::model::ModelKind::from_name(config.model.name()).expect("scenarios train built-in models");
+    let kind =
+        crate::model::ModelKind::from_name(config.model.name()).expect("scenarios train built-in models");
     run_model::<B, _>(&kind, scenario, settings, data, device, info, gpu)
 }
 
@@ -324,9 +325,9 @@ where
     let schedule = config.schedule(epoch_steps);
     let full_steps = splits.train.len() / batch;
     assert!(full_steps > 0, "the training split is smaller than one batch");
-    let mut step = |model: D::Net<B>,
-                    optim: &mut crate::optim::Optimizer<_, B>,
-                    index: usize| { steps.step(model, optim, &schedule, index, index).0 };
+    let mut step = |model: D::Net<B>, optim: &mut crate::optim::Optimizer<_, B>, index: usize| {
+        steps.step(model, optim, &schedule, index, index).0
+    };
     let warmup_start = Instant::now();
     model = step(model, &mut optim, 0);
     sync::<B>(device);
@@ -474,7 +475,11 @@ mod tests {
         let c = Scenario::Net256.config();
         assert_eq!(
             (c.model, c.batch_size, c.valid_size),
-            (crate::model::ModelName::from(ModelKind::PytorchExampleNet), 256, 0)
+            (
+                crate::model::ModelName::from(ModelKind::PytorchExampleNet),
+                256,
+                0
+            )
         );
         assert_eq!(Scenario::Flash64.config().model, ModelKind::FlashlightCnn);
         assert_eq!(

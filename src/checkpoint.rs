@@ -365,7 +365,10 @@ impl RunDir {
         }
         let record: <D::Net<B> as Module<B>>::Record =
             self.load_record::<B, _>(&state.model_file, state.model_sha256.as_deref(), device)?;
-        if let Some(found) = model.record_name::<B>(&record).filter(|m| m != config.model.name()) {
+        if let Some(found) = model
+            .record_name::<B>(&record)
+            .filter(|m| m != config.model.name())
+        {
             return Err(other(found));
         }
         Ok(crate::train::init_unseeded::<B, D>(model, config, device).load_record(record))
@@ -674,7 +677,8 @@ mod tests {
         let model = init_model::<burn::backend::Autodiff<NdArray>>(&config, &device);
         let optim = config
             .optimizer
-            .init::<burn::backend::Autodiff<NdArray>, crate::model::Model<burn::backend::Autodiff<NdArray>>>();
+            .init::<burn::backend::Autodiff<NdArray>, crate::model::Model<burn::backend::Autodiff<NdArray>>>(
+            );
         run.save_checkpoint(&model, Some(optimizer_bytes(&optim)), &Progress::default())
             .unwrap();
         let state = run.load_state().unwrap();

@@ -418,7 +418,10 @@ impl TrainConfig {
 
     /// Checks the settings that depend on the images: the model takes their shape, the
     /// normalisation has one value or one per channel, the shifts fit in them.
-    pub fn check_input(&self, fits: impl FnOnce(ImageShape) -> Result<(), DoesNotFit>) -> Result<(), ConfigError> {
+    pub fn check_input(
+        &self,
+        fits: impl FnOnce(ImageShape) -> Result<(), DoesNotFit>,
+    ) -> Result<(), ConfigError> {
         fits(self.input)?;
         if !self.normalization.fits(self.input.channels) {
             return Err(ConfigError::Channels {
@@ -611,7 +614,13 @@ mod tests {
         let t = Recipe::Tch.config();
         assert_eq!(
             (t.model, t.optimizer.kind, t.lr, t.batch_size, t.epochs),
-            (ModelName::from(ModelKind::TchNet), OptimizerKind::Adam, 1e-4, 256, 50)
+            (
+                ModelName::from(ModelKind::TchNet),
+                OptimizerKind::Adam,
+                1e-4,
+                256,
+                50
+            )
         );
         let f = Recipe::Flashlight.config();
         assert_eq!(
@@ -623,7 +632,14 @@ mod tests {
                 f.epochs,
                 f.valid_size
             ),
-            (ModelName::from(ModelKind::FlashlightCnn), OptimizerKind::Sgd, 1e-2, 64, 100, 5000)
+            (
+                ModelName::from(ModelKind::FlashlightCnn),
+                OptimizerKind::Sgd,
+                1e-2,
+                64,
+                100,
+                5000
+            )
         );
         assert_eq!(f.normalization, Normalization::unit());
         for r in Recipe::value_variants() {

@@ -18,8 +18,8 @@ use clap::ValueEnum;
 pub use ember_models::Classifier;
 pub use ember_models::{DoesNotFit, EmberModel, ImageShape};
 use ember_models::{
-    FlashlightCnn, FlashlightCnnConfig, Output, PytorchExampleNet, PytorchExampleNetConfig,
-    ResNet, ResNetConfig, SpeedrunNet, SpeedrunNetConfig, TchNet, TchNetConfig,
+    FlashlightCnn, FlashlightCnnConfig, Output, PytorchExampleNet, PytorchExampleNetConfig, ResNet,
+    ResNetConfig, SpeedrunNet, SpeedrunNetConfig, TchNet, TchNetConfig,
 };
 use serde::{Deserialize, Serialize};
 
@@ -275,12 +275,18 @@ impl EmberModel for ModelKind {
 
     fn about(&self) -> &str {
         match self {
-            Self::PytorchExampleNet => "PyTorch's official MNIST example CNN (1.2M parameters, log_softmax out)",
+            Self::PytorchExampleNet => {
+                "PyTorch's official MNIST example CNN (1.2M parameters, log_softmax out)"
+            }
             Self::TchNet => "the tch-rs variant of it (logits out)",
             Self::FlashlightCnn => "flashlight's MNIST CNN (3.3M parameters, replicate padding)",
-            Self::Resnet20 => "ResNet-20 with projection shortcuts and batch norm (272,186 parameters at 1x28x28)",
+            Self::Resnet20 => {
+                "ResNet-20 with projection shortcuts and batch norm (272,186 parameters at 1x28x28)"
+            }
             Self::Resnet18 => "ResNet-18's widths and depths on a CIFAR stem (11.2M parameters)",
-            Self::SpeedrunNet => "the speedrun recipe's conv-BN-ReLU-pool net (104,426 parameters at 1x28x28)",
+            Self::SpeedrunNet => {
+                "the speedrun recipe's conv-BN-ReLU-pool net (104,426 parameters at 1x28x28)"
+            }
         }
     }
 
@@ -292,7 +298,12 @@ impl EmberModel for ModelKind {
         ModelKind::fits(*self, input)
     }
 
-    fn init_without_dropout<B: Backend>(&self, input: ImageShape, classes: usize, device: &B::Device) -> Model<B> {
+    fn init_without_dropout<B: Backend>(
+        &self,
+        input: ImageShape,
+        classes: usize,
+        device: &B::Device,
+    ) -> Model<B> {
         assert_eq!(
             (input, classes),
             (ImageShape::MNIST, NUM_CLASSES),

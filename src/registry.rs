@@ -203,8 +203,14 @@ mod tests {
     #[test]
     fn builtin_names_and_aliases_resolve() {
         let r = Registry::builtin();
-        assert_eq!(r.resolve("flashlight").unwrap(), ModelName::from(ModelKind::FlashlightCnn));
-        assert_eq!(r.resolve("resnet18").unwrap(), ModelName::from(ModelKind::Resnet18));
+        assert_eq!(
+            r.resolve("flashlight").unwrap(),
+            ModelName::from(ModelKind::FlashlightCnn)
+        );
+        assert_eq!(
+            r.resolve("resnet18").unwrap(),
+            ModelName::from(ModelKind::Resnet18)
+        );
         let err = r.resolve("lenet").unwrap_err().to_string();
         assert!(err.contains("\"lenet\"") && err.contains("speedrun-net"), "{err}");
     }

@@ -301,7 +301,15 @@ impl<D: EmberModel> ModelTask<D> for BenchJob {
         D::Net<B>: Trainable<B>,
     {
         let gpu = info.cuda.and_then(crate::gpu::GpuMonitor::new);
-        crate::bench::run_model::<B, D>(model, self.scenario, self.settings, &self.data, &device, &info, gpu)
+        crate::bench::run_model::<B, D>(
+            model,
+            self.scenario,
+            self.settings,
+            &self.data,
+            &device,
+            &info,
+            gpu,
+        )
     }
 }
 

@@ -127,7 +127,11 @@ pub fn init_model<B: Backend>(config: &TrainConfig, device: &B::Device) -> crate
 }
 
 /// `model` for `config`'s images and classes, to load a record into (nothing seeded or drawn).
-pub fn init_unseeded<B: Backend, D: EmberModel>(model: &D, config: &TrainConfig, device: &B::Device) -> D::Net<B> {
+pub fn init_unseeded<B: Backend, D: EmberModel>(
+    model: &D,
+    config: &TrainConfig,
+    device: &B::Device,
+) -> D::Net<B> {
     model.init::<B>(config.input, config.num_classes(), device)
 }
 
@@ -463,7 +467,11 @@ impl EvalStats {
 
 /// Evaluates `model` (no autodiff) on `split` in batches of `batch_size`, as the PyTorch
 /// example's `test()`: summed NLL over the split divided by its size, and argmax accuracy.
-pub fn evaluate<B: Backend, M: Classifier<B>>(model: &M, split: &DeviceSplit<B>, batch_size: usize) -> EvalStats {
+pub fn evaluate<B: Backend, M: Classifier<B>>(
+    model: &M,
+    split: &DeviceSplit<B>,
+    batch_size: usize,
+) -> EvalStats {
     let start = Instant::now();
     let device = split.images.device();
     let len = split.len();

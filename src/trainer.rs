@@ -125,7 +125,7 @@ impl Trainer {
     }
 
     /// Where config, checkpoints and metrics go; it must not exist or be empty
-    /// [default: `runs/<model>-<UTC time>`].
+    /// (default: `runs/<model>-<UTC time>`).
     pub fn run_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.run_dir = Some(dir.into());
         self
@@ -277,8 +277,13 @@ impl Trainer {
         if let Some(dir) = &self.data_dir {
             self.config.data_dir = std::path::absolute(dir).ok();
         }
-        let given = Given { own_data, ..self.given };
-        if let Err(e) = crate::tasks::fit_to_data(&mut self.config, &data, |i| model.fits(i), given, self.quiet) {
+        let given = Given {
+            own_data,
+            ..self.given
+        };
+        if let Err(e) =
+            crate::tasks::fit_to_data(&mut self.config, &data, |i| model.fits(i), given, self.quiet)
+        {
             // Nothing was written into the new run directory yet: do not leave it behind.
             lock.remove();
             let _ = std::fs::remove_dir(&run.path);

@@ -19,7 +19,11 @@ use ember::checkpoint::{RunDir, TrainState};
 fn custom_cli() -> PathBuf {
     let ember = PathBuf::from(env!("CARGO_BIN_EXE_ember"));
     let path = ember.parent().unwrap().join("examples").join("custom_cli");
-    assert!(path.exists(), "{} not built (cargo test builds the examples)", path.display());
+    assert!(
+        path.exists(),
+        "{} not built (cargo test builds the examples)",
+        path.display()
+    );
     path
 }
 
@@ -33,7 +37,14 @@ fn train(run: &Path, resume: bool) -> Command {
     } else {
         cmd.arg("--run-dir").arg(run);
         cmd.args(["--recipe", "speedrun", "--model", "residual-net", "--epochs", "2"]);
-        cmd.args(["--limit-train", "1024", "--batch-size", "64", "--limit-test", "500"]);
+        cmd.args([
+            "--limit-train",
+            "1024",
+            "--batch-size",
+            "64",
+            "--limit-test",
+            "500",
+        ]);
     }
     cmd.args(["--device", "cpu", "--log-interval", "1"]);
     cmd.arg("--data-dir").arg(repo_mnist());
@@ -94,7 +105,10 @@ fn a_users_model_resumes_bit_identically_and_evaluates_through_its_own_cli() {
     let status = stop_at(train(&cut, false), "train epoch 1 [512/1024", libc::SIGTERM);
     assert_eq!(status.code(), Some(130), "{status:?}");
     let mid = state(&cut);
-    assert_eq!((mid.progress.epoch, mid.model.as_deref()), (0, Some("residual-net")));
+    assert_eq!(
+        (mid.progress.epoch, mid.model.as_deref()),
+        (0, Some("residual-net"))
+    );
     assert!(mid.progress.step_in_epoch >= 8, "{mid:?}");
     // SIGKILL in epoch 2 of the resumed run: nothing is written; the epoch-1 checkpoint stays.
     let status = stop_at(train(&cut, true), "train epoch 2 [512/1024", libc::SIGKILL);
@@ -107,8 +121,15 @@ fn a_users_model_resumes_bit_identically_and_evaluates_through_its_own_cli() {
     let (a, b) = (state(&whole), state(&cut));
     assert_eq!(a.progress.global_step, b.progress.global_step);
     let (wa, wb) = (weights(&whole), weights(&cut));
-    assert!(wa.len() >= 20 && wa.iter().any(|(n, _)| n.ends_with("running_var")), "{:?}", wa.len());
-    assert!(wa == wb, "the resumed run's weights differ from the uninterrupted run's");
+    assert!(
+        wa.len() >= 20 && wa.iter().any(|(n, _)| n.ends_with("running_var")),
+        "{:?}",
+        wa.len()
+    );
+    assert!(
+        wa == wb,
+        "the resumed run's weights differ from the uninterrupted run's"
+    );
     let metrics = |run: &Path| {
         let text = std::fs::read_to_string(run.join("metrics.csv")).unwrap();
         // Every column but the timings (seconds, images/s), which vary.
@@ -134,7 +155,10 @@ fn a_users_model_resumes_bit_identically_and_evaluates_through_its_own_cli() {
     let mnist = common::load_mnist();
     let digit = dir.path().join("digit.png");
     let first: Vec<u8> = mnist.test.images[..784].to_vec();
-    image::GrayImage::from_raw(28, 28, first).unwrap().save(&digit).unwrap();
+    image::GrayImage::from_raw(28, 28, first)
+        .unwrap()
+        .save(&digit)
+        .unwrap();
     let out = Command::new(custom_cli())
         .args(["predict", "--json", "--device", "cpu", "--checkpoint"])
         .arg(&cut)

@@ -13,19 +13,36 @@ fn trains_and_evaluates_from_folders_outside_the_clone() {
         .current_dir(elsewhere.path())
         .env("EMBER_OFFLINE", "true")
         .env_remove("EMBER_DATA_DIR")
-        .args(["train", "--epochs", "1", "--limit-train", "512", "--limit-test", "200", "--device", "cpu", "-q"])
+        .args([
+            "train",
+            "--epochs",
+            "1",
+            "--limit-train",
+            "512",
+            "--limit-test",
+            "200",
+            "--device",
+            "cpu",
+            "-q",
+        ])
         .arg("--run-dir")
         .arg(&run)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(!elsewhere.path().join("data").exists(), "made a data/ folder where it was started");
+    assert!(
+        !elsewhere.path().join("data").exists(),
+        "made a data/ folder where it was started"
+    );
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(run.join("config.json")).unwrap()).unwrap();
     let recorded = std::path::PathBuf::from(config["data_dir"].as_str().unwrap());
     assert_eq!(
         recorded.canonicalize().unwrap(),
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("data/mnist").canonicalize().unwrap()
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("data/mnist")
+            .canonicalize()
+            .unwrap()
     );
     let out = Command::new(env!("CARGO_BIN_EXE_ember"))
         .current_dir(other.path())

@@ -30,10 +30,10 @@ fn parity_all_models_flex() {
 /// a line here. ResNet-18 alone has none (11M parameters; ResNet-20 covers its blocks).
 #[test]
 fn parity_every_builtin_model_flex() {
+    use burn::tensor::backend::AutodiffBackend;
     use ember::backend::{DeviceArg, DeviceInfo, ModelTask, Trains};
     use ember::model::{EmberModel, Trainable};
     use ember::registry::{each_builtin, EachBuiltin};
-    use burn::tensor::backend::AutodiffBackend;
 
     struct Replay;
     impl<D: EmberModel> ModelTask<D> for Replay {

@@ -117,7 +117,10 @@ impl EmberModel for LeNet5Model {
     fn forward_macs_per_image(&self, input: ImageShape) -> Option<u64> {
         let (h, w) = (input.height as u64, input.width as u64);
         let (h2, w2) = ((h / 2).saturating_sub(4), (w / 2).saturating_sub(4));
-        let (h3, w3) = (feature_side(input.height) as u64, feature_side(input.width) as u64);
+        let (h3, w3) = (
+            feature_side(input.height) as u64,
+            feature_side(input.width) as u64,
+        );
         let conv1 = 6 * input.channels as u64 * 25 * h * w;
         let conv2 = 16 * 6 * 25 * h2 * w2;
         Some(conv1 + conv2 + 16 * h3 * w3 * 120 + 120 * 84 + 84 * 10)
@@ -154,6 +157,9 @@ mod tests {
         };
         assert!(LeNet5Model.fits(small).is_err());
         // conv1 117,600 + conv2 240,000 + fc1 48,000 + fc2 10,080 + fc3 840.
-        assert_eq!(LeNet5Model.forward_macs_per_image(ImageShape::MNIST), Some(416_520));
+        assert_eq!(
+            LeNet5Model.forward_macs_per_image(ImageShape::MNIST),
+            Some(416_520)
+        );
     }
 }

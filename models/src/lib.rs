@@ -172,7 +172,12 @@ pub trait EmberModel: Clone + Send + Sync + 'static {
 
     /// The network with every dropout probability 0 (deterministic in training mode), for
     /// comparing its gradients with PyTorch's; a network without dropout is just [`EmberModel::init`]'s.
-    fn init_without_dropout<B: Backend>(&self, input: ImageShape, classes: usize, device: &B::Device) -> Self::Net<B> {
+    fn init_without_dropout<B: Backend>(
+        &self,
+        input: ImageShape,
+        classes: usize,
+        device: &B::Device,
+    ) -> Self::Net<B> {
         self.init(input, classes, device)
     }
 

@@ -358,7 +358,11 @@ impl Data {
                     expected,
                 });
             }
-            if let Some((index, &label)) = labels.iter().enumerate().find(|(_, &l)| l as usize >= classes.len()) {
+            if let Some((index, &label)) = labels
+                .iter()
+                .enumerate()
+                .find(|(_, &l)| l as usize >= classes.len())
+            {
                 return Err(MemoryDataError::Label {
                     split,
                     label,
@@ -366,7 +370,11 @@ impl Data {
                     classes: classes.len(),
                 });
             }
-            splits.push(Split { images, labels, shape });
+            splits.push(Split {
+                images,
+                labels,
+                shape,
+            });
         }
         let test = splits.pop().expect("two splits");
         let train = splits.pop().expect("two splits");
@@ -534,9 +542,15 @@ pub(crate) mod tests {
     #[test]
     fn without_a_local_folder_data_is_found_in_the_source_tree_then_the_users_folder() {
         let built = default_data_dir("no-such-dataset", |_| true);
-        assert_eq!(built, Path::new(env!("CARGO_MANIFEST_DIR")).join("data/no-such-dataset"));
+        assert_eq!(
+            built,
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("data/no-such-dataset")
+        );
         let user = default_data_dir("no-such-dataset", |_| false);
-        assert!(user.ends_with("ember/no-such-dataset") || user == Path::new("data/no-such-dataset"), "{user:?}");
+        assert!(
+            user.ends_with("ember/no-such-dataset") || user == Path::new("data/no-such-dataset"),
+            "{user:?}"
+        );
         // A clone's own data/ folder comes first (cargo runs tests in the package's folder).
         assert_eq!(default_data_dir("mnist", |_| false), Path::new("data/mnist"));
     }

@@ -324,7 +324,9 @@ mod tests {
     fn safetensors_export_holds_the_whole_state_dict() {
         let device = Default::default();
         let model = ModelKind::Resnet20.init::<NdArray>(&device);
-        let meta = [("model".to_string(), "resnet20".to_string())].into_iter().collect();
+        let meta = [("model".to_string(), "resnet20".to_string())]
+            .into_iter()
+            .collect();
         let bytes = to_safetensors(&model, meta);
         let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
         let expected = to_pytorch_tensors(&model);
@@ -333,12 +335,24 @@ mod tests {
         for (name, data) in expected {
             let t = file.tensor(&name).unwrap_or_else(|e| panic!("{name}: {e}"));
             if name.ends_with("num_batches_tracked") {
-                assert_eq!((t.dtype(), t.shape()), (safetensors::Dtype::I64, &[][..]), "{name}");
+                assert_eq!(
+                    (t.dtype(), t.shape()),
+                    (safetensors::Dtype::I64, &[][..]),
+                    "{name}"
+                );
                 assert_eq!(t.data(), 0i64.to_le_bytes(), "{name}");
                 continue;
             }
-            assert_eq!((t.dtype(), t.shape()), (safetensors::Dtype::F32, &data.shape[..]), "{name}");
-            let values: Vec<f32> = t.data().chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            assert_eq!(
+                (t.dtype(), t.shape()),
+                (safetensors::Dtype::F32, &data.shape[..]),
+                "{name}"
+            );
+            let values: Vec<f32> = t
+                .data()
+                .chunks(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                .collect();
             assert_eq!(values, data.to_vec::<f32>().unwrap(), "{name}");
         }
         assert!(file.names().iter().any(|n| *n == "stages.0.0.bn1.running_var"));

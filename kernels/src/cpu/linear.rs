@@ -1,11 +1,11 @@
 //! Fully connected layer `y = x . w + b` on contiguous row-major `f32` buffers, in burn's `Linear`
 //! layout (`w` is `[inputs, outputs]`), and its gradients.
 //!
-//! Each product is cut into at most [`BLOCKS`] independent single-threaded GEMMs whose bounds
+//! Each product is cut into at most `BLOCKS` independent single-threaded GEMMs whose bounds
 //! depend only on the shapes, each writing its own part of the result, so the results are
 //! bit-identical for any thread count. The GEMMs read `w` where it lies (gemm
 //! packs what it must); only the input gradient of wide layers transposes each weight block
-//! first (see [`TRANSPOSE_FROM`]).
+//! first (see `TRANSPOSE_FROM`).
 
 use rayon::prelude::*;
 
