@@ -24,6 +24,8 @@ fn custom_cli() -> PathBuf {
         "{} not built (cargo test builds the examples)",
         path.display()
     );
+    // A whole `cargo test` builds the examples; `cargo test --test custom_model` alone does not
+    // rebuild them: run `cargo build --release --examples` first, or it tests a stale binary.
     path
 }
 
