@@ -9,9 +9,9 @@ use anyhow::Result;
 use burn::tensor::backend::AutodiffBackend;
 
 use crate::backend::{DeviceInfo, ModelTask};
-use crate::checkpoint::RunDir;
-use crate::config::TrainConfig;
-use crate::data::{Data, DeviceSplit, Normalization};
+use crate::checkpoint::{RunDir, RunLock};
+use crate::config::{ConfigError, TrainConfig};
+use crate::data::{Data, DeviceSplit, LoadOptions, Normalization};
 use crate::model::{DoesNotFit, EmberModel, ImageShape, Trainable};
 use crate::run::{Output, Start};
 use crate::train::{self, EvalStats, Splits};
@@ -33,6 +33,143 @@ pub fn default_memory_budget(device: &crate::backend::Resolved) -> (u64, String)
         ),
         None => (u64::MAX, "default: no limit, the memory size is unknown".into()),
     }
+}
+
+/// How a run's dataset is read, as the user set it (`ember`'s data flags; [`Default`]: as
+/// `ember train` reads it without any).
+#[derive(Clone, Debug, Default)]
+pub struct DataFlags {
+    /// The folder of an MNIST-format or CIFAR dataset's files [default: the run's, else found].
+    pub data_dir: Option<PathBuf>,
+    /// Never download.
+    pub offline: bool,
+    /// Resize to `[height, width]` (a new run only).
+    pub image_size: Option<[usize; 2]>,
+    /// 1 or 3 channels (a new run only).
+    pub channels: Option<usize>,
+    pub max_image_pixels: Option<u64>,
+    pub max_dataset_memory: Option<u64>,
+}
+
+impl DataFlags {
+    /// How to read `config.dataset` for a run on `device`. A new run (`fresh`) takes the
+    /// shape flags; a saved run reads its images as it was trained on them.
+    pub fn options(
+        &self,
+        config: &TrainConfig,
+        device: &crate::backend::Resolved,
+        fresh: bool,
+    ) -> LoadOptions {
+        let (max_memory, memory_source) = match self.max_dataset_memory {
+            Some(n) => (n, "given".to_string()),
+            None => default_memory_budget(device),
+        };
+        let input = config.input;
+        LoadOptions {
+            dir: self
+                .data_dir
+                .clone()
+                .or_else(|| config.data_dir.clone())
+                .filter(|_| config.dataset.uses_data_dir()),
+            download: !self.offline,
+            image_size: if fresh {
+                self.image_size
+            } else {
+                Some([input.height, input.width])
+            },
+            fallback_size: [input.height, input.width],
+            channels: if fresh {
+                self.channels
+            } else {
+                Some(input.channels)
+            },
+            val_fraction: config.val_fraction,
+            skip_bad_images: config.skip_bad_images,
+            max_image_pixels: self
+                .max_image_pixels
+                .unwrap_or(crate::data::DEFAULT_MAX_IMAGE_PIXELS),
+            max_memory,
+            memory_source,
+            progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        }
+    }
+}
+
+/// A new run of `config`: its directory (`run_dir`, else `runs/<default_name>-<UTC time>`)
+/// created and locked, its data read by `load`, the config fitted to it ([`fit_to_data`]) and
+/// written as `config.json`. When reading or fitting fails, nothing is left of the directory.
+/// The lock is held until the returned guard is dropped.
+pub fn start_run(
+    mut config: TrainConfig,
+    run_dir: Option<PathBuf>,
+    default_name: &str,
+    fits: impl FnOnce(ImageShape) -> Result<(), DoesNotFit>,
+    given: Given,
+    quiet: bool,
+    load: impl FnOnce(&TrainConfig) -> Result<Data>,
+) -> Result<(TrainConfig, RunDir, RunLock, Data)> {
+    let run = match run_dir {
+        Some(dir) => RunDir::create(dir)?,
+        None => RunDir::fresh_default(default_name)?,
+    };
+    let lock = run.lock()?;
+    let loaded = load(&config).and_then(|data| {
+        fit_to_data(&mut config, &data, fits, given, quiet)?;
+        Ok(data)
+    });
+    let data = match loaded {
+        Ok(data) => data,
+        Err(e) => {
+            // Nothing was written into the new run directory yet: do not leave it behind.
+            lock.remove();
+            let _ = std::fs::remove_dir(&run.path);
+            return Err(e);
+        }
+    };
+    run.save_config(&config)?;
+    Ok((config, run, lock, data))
+}
+
+/// The run in `dir`, to resume: locked, its own settings (to `epochs` epochs when given: a step
+/// schedule only, others have a fixed length), checked by `check` (the model it names exists
+/// and takes its images: [`TrainConfig::check_input`]), its data read by `load` as it was
+/// trained on. A new length is written to `config.json` only once everything else holds.
+pub fn resume_run(
+    dir: &std::path::Path,
+    epochs: Option<usize>,
+    check: impl FnOnce(&TrainConfig) -> Result<()>,
+    load: impl FnOnce(&TrainConfig) -> Result<Data>,
+) -> Result<(TrainConfig, RunDir, RunLock, Data)> {
+    let run = RunDir::open(dir)?;
+    let lock = run.lock()?;
+    let mut config = run.load_config()?;
+    if let Some(epochs) = epochs {
+        if epochs != config.epochs && config.schedule != crate::optim::Schedule::Step {
+            return Err(ConfigError::FixedLength {
+                asked: epochs,
+                epochs: config.epochs,
+                schedule: config.schedule.name(),
+            }
+            .into());
+        }
+        config.epochs = epochs;
+    }
+    config.validate()?;
+    check(&config)?;
+    let data = load(&config)?;
+    if data.train.shape != config.input {
+        anyhow::bail!(
+            "{}: the run was trained on {} images and the data now reads as {}",
+            config.dataset,
+            config.input,
+            data.train.shape
+        );
+    }
+    // Only a resume that can start records its new length.
+    if epochs.is_some() {
+        run.save_config(&config)?;
+    }
+    Ok((config, run, lock, data))
 }
 
 /// The images `--skip-bad-images` skipped, one `PATH<TAB>REASON` line each.

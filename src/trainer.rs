@@ -24,10 +24,10 @@ use burn::tensor::backend::AutodiffBackend;
 use crate::backend::{self, DeviceArg, DeviceInfo, Trains};
 use crate::checkpoint::{RunDir, RunLock};
 use crate::config::{Recipe, TrainConfig};
-use crate::data::{Data, LoadOptions, PerChannel};
+use crate::data::{Data, PerChannel};
 use crate::model::{EmberModel, ModelName, Trainable};
 use crate::run::Output;
-use crate::tasks::{Given, TrainJob};
+use crate::tasks::{DataFlags, Given, TrainJob};
 use crate::train::EvalStats;
 
 /// A finished (or stopped) run: its directory and the final test evaluation.
@@ -46,8 +46,7 @@ pub struct Trainer {
     save_model: bool,
     quiet: bool,
     log_interval: usize,
-    data_dir: Option<PathBuf>,
-    offline: bool,
+    data: DataFlags,
     given: Given,
 }
 
@@ -67,8 +66,7 @@ impl Trainer {
             save_model: true,
             quiet: false,
             log_interval: 0,
-            data_dir: None,
-            offline: false,
+            data: DataFlags::default(),
             given: Given::default(),
         }
     }
@@ -158,13 +156,13 @@ impl Trainer {
     /// The folder of an MNIST-format or CIFAR dataset's files [default: found as `ember train`
     /// finds it].
     pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.data_dir = Some(dir.into());
+        self.data.data_dir = Some(dir.into());
         self
     }
 
     /// Never download a missing dataset.
     pub fn offline(mut self, offline: bool) -> Self {
-        self.offline = offline;
+        self.data.offline = offline;
         self
     }
 
@@ -172,28 +170,36 @@ impl Trainer {
     /// device [`Trainer::device`] picks.
     pub fn fit<D: Trains>(self, model: D) -> Result<Fitted> {
         let device = backend::resolve(self.device)?;
-        let data = crate::data::load(&self.config.dataset, &self.load_options(&device))?;
-        self.fit_loaded(model, data, false)
+        let flags = self.data.clone();
+        self.fit_with(model, false, |c| {
+            Ok(crate::data::load(&c.dataset, &flags.options(c, &device, true))?)
+        })
     }
 
     /// Trains `model` on the user's own `data` ([`Data::from_memory`]): its class names and
     /// per-channel statistics are recorded in the run's `config.json`.
     pub fn fit_data<D: Trains>(self, model: D, data: Data) -> Result<Fitted> {
-        self.fit_loaded(model, data, true)
+        self.fit_with(model, true, move |_| Ok(data))
     }
 
-    fn fit_loaded<D: Trains>(mut self, model: D, data: Data, own_data: bool) -> Result<Fitted> {
-        let (job, _lock) = self.start(&model, data, own_data)?;
-        let run = job.run.clone();
+    fn fit_with<D: Trains>(
+        self,
+        model: D,
+        own_data: bool,
+        load: impl FnOnce(&TrainConfig) -> Result<Data>,
+    ) -> Result<Fitted> {
         let device = self.device;
+        let (job, _lock) = self.start(&model, own_data, load)?;
+        let run = job.run.clone();
         crate::run::install_interrupt_handler();
         let test = backend::dispatch_model(device, &model, job)??;
         Ok(Fitted { run, test })
     }
 
-    /// Trains `model` on backend `B` and returns the trained network as well.
+    /// Trains `model` on backend `B` and returns the trained network as well. `data` is the
+    /// user's own when `own_data` (as [`Trainer::fit_data`]), else `config().dataset` read.
     pub fn fit_on<B: AutodiffBackend, D: EmberModel>(
-        mut self,
+        self,
         model: &D,
         data: Data,
         own_data: bool,
@@ -202,7 +208,7 @@ impl Trainer {
     where
         D::Net<B>: Trainable<B>,
     {
-        let (job, _lock) = self.start(model, data, own_data)?;
+        let (job, _lock) = self.start(model, own_data, move |_| Ok(data))?;
         let run = job.run.clone();
         let info = DeviceInfo {
             backend: std::any::type_name::<B>(),
@@ -214,8 +220,9 @@ impl Trainer {
     }
 
     /// Continues the run in `dir` from its last checkpoint, with its own settings, to
-    /// `epochs` epochs when given (a step schedule only; others have a fixed length). `data`:
-    /// the user's own, as the run was started with; `None` reads the run's dataset again.
+    /// `epochs` epochs when given (a step schedule only; others have a fixed length), as
+    /// `ember train --resume` does. `data`: the user's own, as the run was started with; `None`
+    /// reads the run's dataset again, as it was trained on.
     pub fn resume<D: Trains>(
         model: D,
         dir: &Path,
@@ -223,35 +230,24 @@ impl Trainer {
         data: Option<Data>,
         device: DeviceArg,
     ) -> Result<Fitted> {
-        let run = RunDir::open(dir)?;
-        let _lock = run.lock()?;
-        let mut config = run.load_config()?;
-        anyhow::ensure!(
-            config.model.name() == model.name(),
-            "{}: the run trained {}, not {}",
-            dir.display(),
-            config.model,
-            model.name()
-        );
-        if let Some(epochs) = epochs {
-            config.epochs = epochs;
-        }
-        config.validate()?;
-        config.check_input(|input| model.fits(input))?;
-        let trainer = Self::from_config(config.clone()).device(device);
-        let data = match data {
-            Some(data) => data,
-            None => crate::data::load(&config.dataset, &trainer.load_options(&backend::resolve(device)?))?,
+        let check = |c: &TrainConfig| {
+            anyhow::ensure!(
+                c.model.name() == model.name(),
+                "{}: the run trained {}, not {}",
+                dir.display(),
+                c.model,
+                model.name()
+            );
+            Ok(c.check_input(|input| model.fits(input))?)
         };
-        anyhow::ensure!(
-            data.train.shape == config.input,
-            "the run was trained on {} images and the data now reads as {}",
-            config.input,
-            data.train.shape
-        );
-        if epochs.is_some() {
-            run.save_config(&config)?;
-        }
+        let load = |c: &TrainConfig| match data {
+            Some(data) => Ok(data),
+            None => {
+                let options = DataFlags::default().options(c, &backend::resolve(device)?, false);
+                Ok(crate::data::load(&c.dataset, &options)?)
+            }
+        };
+        let (config, run, _lock, data) = crate::tasks::resume_run(dir, epochs, check, load)?;
         let job = TrainJob {
             config,
             data,
@@ -265,33 +261,34 @@ impl Trainer {
         Ok(Fitted { run, test })
     }
 
-    /// A new run directory for `model` with its `config.json`, fitted to `data`.
-    fn start<D: EmberModel>(&mut self, model: &D, data: Data, own_data: bool) -> Result<(TrainJob, RunLock)> {
+    /// A new run directory for `model` with its `config.json`, fitted to the data `load` reads
+    /// ([`crate::tasks::start_run`], as `ember train`).
+    fn start<D: EmberModel>(
+        mut self,
+        model: &D,
+        own_data: bool,
+        load: impl FnOnce(&TrainConfig) -> Result<Data>,
+    ) -> Result<(TrainJob, RunLock)> {
         self.config.model = ModelName::new(model.name());
-        self.config.validate()?;
-        let run = match &self.run_dir {
-            Some(dir) => RunDir::create(dir.clone())?,
-            None => RunDir::fresh_default(model.name())?,
-        };
-        let lock = run.lock()?;
-        if let Some(dir) = &self.data_dir {
+        if let Some(dir) = &self.data.data_dir {
             self.config.data_dir = std::path::absolute(dir).ok();
         }
+        self.config.validate()?;
         let given = Given {
             own_data,
             ..self.given
         };
-        if let Err(e) =
-            crate::tasks::fit_to_data(&mut self.config, &data, |i| model.fits(i), given, self.quiet)
-        {
-            // Nothing was written into the new run directory yet: do not leave it behind.
-            lock.remove();
-            let _ = std::fs::remove_dir(&run.path);
-            return Err(e);
-        }
-        run.save_config(&self.config)?;
+        let (config, run, lock, data) = crate::tasks::start_run(
+            self.config,
+            self.run_dir,
+            model.name(),
+            |input| model.fits(input),
+            given,
+            self.quiet,
+            load,
+        )?;
         let job = TrainJob {
-            config: self.config.clone(),
+            config,
             data,
             run,
             resume: false,
@@ -299,27 +296,5 @@ impl Trainer {
             output: Output::new(self.quiet, self.log_interval),
         };
         Ok((job, lock))
-    }
-
-    fn load_options(&self, device: &backend::Resolved) -> LoadOptions {
-        let (max_memory, memory_source) = crate::tasks::default_memory_budget(device);
-        let input = self.config.input;
-        LoadOptions {
-            dir: self
-                .data_dir
-                .clone()
-                .or_else(|| self.config.data_dir.clone())
-                .filter(|_| self.config.dataset.uses_data_dir()),
-            download: !self.offline,
-            image_size: None,
-            fallback_size: [input.height, input.width],
-            channels: None,
-            val_fraction: self.config.val_fraction,
-            skip_bad_images: self.config.skip_bad_images,
-            max_image_pixels: crate::data::DEFAULT_MAX_IMAGE_PIXELS,
-            max_memory,
-            memory_source,
-            progress: !self.quiet && std::io::IsTerminal::is_terminal(&std::io::stderr()),
-        }
     }
 }

@@ -139,41 +139,21 @@ impl DataArgs {
         }
     }
 
-    /// How to read `config.dataset` for a run on `device`. A new run (`fresh`) takes the
-    /// shape flags; a saved run reads its images as it was trained on them.
-    pub(crate) fn options(&self, config: &TrainConfig, device: &Resolved, fresh: bool) -> LoadOptions {
-        let (max_memory, memory_source) = match self.max_dataset_memory {
-            Some(n) => (n, "given".to_string()),
-            None => crate::tasks::default_memory_budget(device),
-        };
-        let input = config.input;
-        LoadOptions {
-            dir: self
-                .data_dir
-                .clone()
-                .or_else(|| config.data_dir.clone())
-                .filter(|_| config.dataset.uses_data_dir()),
-            download: !self.offline,
-            image_size: if fresh {
-                self.image_size
-            } else {
-                Some([input.height, input.width])
-            },
-            fallback_size: [input.height, input.width],
-            channels: if fresh {
-                self.channels
-            } else {
-                Some(input.channels)
-            },
-            val_fraction: config.val_fraction,
-            skip_bad_images: config.skip_bad_images,
-            max_image_pixels: self
-                .max_image_pixels
-                .unwrap_or(crate::data::DEFAULT_MAX_IMAGE_PIXELS),
-            max_memory,
-            memory_source,
-            progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+    /// The flags as the library takes them.
+    pub(crate) fn flags(&self) -> crate::tasks::DataFlags {
+        crate::tasks::DataFlags {
+            data_dir: self.data_dir.clone(),
+            offline: self.offline,
+            image_size: self.image_size,
+            channels: self.channels,
+            max_image_pixels: self.max_image_pixels,
+            max_dataset_memory: self.max_dataset_memory,
         }
+    }
+
+    /// How to read `config.dataset` for a run on `device` ([`crate::tasks::DataFlags::options`]).
+    pub(crate) fn options(&self, config: &TrainConfig, device: &Resolved, fresh: bool) -> LoadOptions {
+        self.flags().options(config, device, fresh)
     }
 }
 

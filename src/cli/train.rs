@@ -321,69 +321,42 @@ fn fresh(args: &TrainArgs) -> Result<()> {
     let model = registry::global().get(config.model.name())?;
     // A wrong --device fails before data is read or a run directory is made.
     let device = backend::resolve(args.device)?;
-    let run = match &args.run_dir {
-        Some(dir) => RunDir::create(dir.clone())?,
-        None => RunDir::fresh_default(config.recipe.name())?,
+    let given = crate::tasks::Given {
+        mean: args.mean.is_some(),
+        std: args.std.is_some(),
+        own_data: false,
     };
-    let lock = run.lock()?;
-    let loaded = crate::data::load(&config.dataset, &args.data.options(&config, &device, true))
-        .map_err(anyhow::Error::from)
-        .and_then(|data| {
-            let fits = |input| model.fits(input);
-            let given = crate::tasks::Given {
-                mean: args.mean.is_some(),
-                std: args.std.is_some(),
-                own_data: false,
-            };
-            crate::tasks::fit_to_data(&mut config, &data, fits, given, args.quiet)?;
-            Ok(data)
-        });
-    let data = match loaded {
-        Ok(data) => data,
-        Err(e) => {
-            // Nothing was written into the new run directory yet: do not leave it behind.
-            lock.remove();
-            let _ = std::fs::remove_dir(&run.path);
-            return Err(e);
-        }
-    };
-    run.save_config(&config)?;
+    let name = config.recipe.name();
+    let (config, run, _lock, data) = crate::tasks::start_run(
+        config,
+        args.run_dir.clone(),
+        name,
+        |input| model.fits(input),
+        given,
+        args.quiet,
+        |c| {
+            Ok(crate::data::load(
+                &c.dataset,
+                &args.data.options(c, &device, true),
+            )?)
+        },
+    )?;
     dispatch(args, config, data, run, false)
 }
 
 /// `--resume DIR`: the run's own settings; `--epochs N` extends it.
 fn resume(dir: &std::path::Path, args: &TrainArgs) -> Result<()> {
-    let run = RunDir::open(dir)?;
-    let _lock = run.lock()?;
-    let mut config = run.load_config()?;
-    if let Some(epochs) = args.epochs {
-        if epochs != config.epochs && config.schedule != Schedule::Step {
-            return Err(ConfigError::FixedLength {
-                asked: epochs,
-                epochs: config.epochs,
-                schedule: config.schedule.name(),
-            }
-            .into());
-        }
-        config.epochs = epochs;
-    }
-    config.validate()?;
-    let model = registry::global().get(config.model.name())?;
-    config.check_input(|input| model.fits(input))?;
-    let device = backend::resolve(args.device)?;
-    let data = crate::data::load(&config.dataset, &args.data.options(&config, &device, false))?;
-    if data.train.shape != config.input {
-        anyhow::bail!(
-            "{}: the run was trained on {} images and the data now reads as {}",
-            config.dataset,
-            config.input,
-            data.train.shape
-        );
-    }
-    // Only a resume that can start records its new length.
-    if args.epochs.is_some() {
-        run.save_config(&config)?;
-    }
+    let check = |c: &TrainConfig| {
+        let model = registry::global().get(c.model.name())?;
+        Ok(c.check_input(|input| model.fits(input))?)
+    };
+    let (config, run, _lock, data) = crate::tasks::resume_run(dir, args.epochs, check, |c| {
+        let device = backend::resolve(args.device)?;
+        Ok(crate::data::load(
+            &c.dataset,
+            &args.data.options(c, &device, false),
+        )?)
+    })?;
     dispatch(args, config, data, run, true)
 }
 
