@@ -69,6 +69,11 @@ pub enum CheckpointError {
     NotACheckpoint(PathBuf),
     #[error("{}: invalid config: {error}", path.display())]
     Config { path: PathBuf, error: serde_json::Error },
+    #[error("{}: {}", path.display(), crate::config::as_fields(&error.to_string()))]
+    ConfigValue {
+        path: PathBuf,
+        error: crate::config::ConfigError,
+    },
     #[error("{}: cannot decode the record ({reason}); the file is corrupt or from another model", path.display())]
     Record { path: PathBuf, reason: String },
     #[error("{}: invalid checkpoint state: {error}", path.display())]
@@ -223,10 +228,20 @@ impl RunDir {
         Ok(write_atomic(&self.file(CONFIG_FILE), &json)?)
     }
 
+    /// The run's `config.json`, its values checked ([`TrainConfig::check_saved`]): an error
+    /// names the file and the field.
     pub fn load_config(&self) -> Result<TrainConfig, CheckpointError> {
         let path = self.file(CONFIG_FILE);
         let bytes = fs::read(&path).map_err(io(&path))?;
-        serde_json::from_slice(&bytes).map_err(|source| CheckpointError::Config { path, error: source })
+        let config: TrainConfig =
+            serde_json::from_slice(&bytes).map_err(|source| CheckpointError::Config {
+                path: path.clone(),
+                error: source,
+            })?;
+        config
+            .check_saved()
+            .map_err(|error| CheckpointError::ConfigValue { path, error })?;
+        Ok(config)
     }
 
     /// Commits a checkpoint: `model`, the optimizer record bytes (see [`optimizer_bytes`]) and

@@ -286,6 +286,43 @@ pub struct TrainConfig {
 /// `--val-fraction`'s default: torchvision users' usual 10%.
 pub const DEFAULT_VAL_FRACTION: f64 = 0.1;
 
+/// The smallest normalisation standard deviation: pixels in [0, 1] divided by less reach 1e6.
+pub const MIN_STD: f64 = 1e-6;
+
+/// The most channels and the longest side of a run's images that `config.json` may name.
+pub const MAX_CHANNELS: usize = 4;
+pub const MAX_INPUT_SIDE: usize = 4096;
+
+/// `message` about flags (`--batch-size must be ...`) said of `config.json`'s fields instead
+/// (`batch_size must be ...`), for an error in a run's file rather than on the command line.
+pub fn as_fields(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find("--") {
+        out += &rest[..at];
+        let tail = &rest[at + 2..];
+        let end = tail
+            .find(|c: char| !(c.is_ascii_lowercase() || c == '-'))
+            .unwrap_or(tail.len());
+        let flag = &tail[..end];
+        rest = &tail[end..];
+        if flag.is_empty() {
+            out += "--";
+            continue;
+        }
+        let field = flag.replace('-', "_");
+        out += &match flag {
+            "std" | "mean" => format!("normalization.{field}"),
+            "weight-decay" | "momentum" | "dampening" | "nesterov" => format!("optimizer.{field}"),
+            "translate" => format!("augment.{field}"),
+            "pct-start" | "div-factor" | "final-div-factor" | "base-momentum" | "max-momentum"
+            | "cycle-momentum" | "warmup-steps" => format!("schedule.{field}"),
+            _ => field,
+        };
+    }
+    out + rest
+}
+
 fn default_val_fraction() -> f64 {
     DEFAULT_VAL_FRACTION
 }
@@ -297,6 +334,12 @@ pub enum ConfigError {
     Zero { flag: &'static str, value: usize },
     #[error("{flag} must be a positive finite number, got {value}")]
     NotPositive { flag: &'static str, value: f64 },
+    #[error("{flag} must be at least {limit}, got {value}")]
+    TooSmall {
+        flag: &'static str,
+        value: f64,
+        limit: f64,
+    },
     #[error("{flag} must be a finite number, got {value}")]
     NotFinite { flag: &'static str, value: f64 },
     #[error("{flag} must be zero or a positive finite number, got {value}")]
@@ -324,6 +367,18 @@ pub enum ConfigError {
     },
     #[error(transparent)]
     Model(#[from] DoesNotFit),
+    #[error("{dataset}: {found}, and the run was trained on {trained}: the labels would not match the model's outputs")]
+    OtherClasses {
+        dataset: String,
+        found: String,
+        trained: String,
+    },
+    #[error("input {shape}: {reason}")]
+    BadInput { shape: ImageShape, reason: &'static str },
+    #[error(
+        "the data has one class ({0}): nothing to learn, a classifier needs images of two classes or more"
+    )]
+    OneClass(String),
     #[error("{flag} applies to --schedule {needs} only")]
     OtherSchedule { flag: &'static str, needs: String },
     #[error("{flag} applies to --optimizer sgd only, not {optimizer}")]
@@ -387,6 +442,55 @@ impl TrainConfig {
 
     /// Checks the settings that do not depend on the data.
     /// Whether `train` training images leave any after the validation split.
+    /// Whether data read now, with `classes` (sorted folder names, CIFAR's or a dataset's own),
+    /// has the classes this run was trained on: the same names in the same order when the run
+    /// recorded them (folders, CIFAR, in-memory data), else the same number. A class folder
+    /// renamed, added or removed after training would shift every label.
+    pub fn check_classes(&self, classes: &[String]) -> Result<(), ConfigError> {
+        let list = |names: &[String]| {
+            let shown: Vec<&str> = names.iter().take(8).map(String::as_str).collect();
+            let more = if names.len() > 8 { ", ..." } else { "" };
+            format!("{} classes ({}{more})", names.len(), shown.join(", "))
+        };
+        let same = if self.classes.is_empty() {
+            classes.len() == self.num_classes()
+        } else {
+            classes == self.classes.as_slice()
+        };
+        if same {
+            return Ok(());
+        }
+        let mut found = list(classes);
+        if !self.classes.is_empty() {
+            let missing: Vec<&str> = self
+                .classes
+                .iter()
+                .filter(|c| !classes.contains(c))
+                .map(String::as_str)
+                .collect();
+            let new: Vec<&str> = classes
+                .iter()
+                .filter(|c| !self.classes.contains(c))
+                .map(String::as_str)
+                .collect();
+            if !missing.is_empty() {
+                found += &format!(", without {}", missing.join(", "));
+            }
+            if !new.is_empty() {
+                found += &format!(", with {} new", new.join(", "));
+            }
+        }
+        Err(ConfigError::OtherClasses {
+            dataset: self.dataset.to_string(),
+            found: format!("its images now read as {found}"),
+            trained: if self.classes.is_empty() {
+                format!("{} classes", self.num_classes())
+            } else {
+                list(&self.classes)
+            },
+        })
+    }
+
     pub fn check_train_size(&self, train: usize) -> Result<(), ConfigError> {
         if self.valid_size >= train {
             return Err(ConfigError::NoTrainingData {
@@ -422,20 +526,45 @@ impl TrainConfig {
         &self,
         fits: impl FnOnce(ImageShape) -> Result<(), DoesNotFit>,
     ) -> Result<(), ConfigError> {
+        self.check_shape()?;
         fits(self.input)?;
-        if !self.normalization.fits(self.input.channels) {
-            return Err(ConfigError::Channels {
-                mean: self.normalization.mean.values().len(),
-                std: self.normalization.std.values().len(),
-                channels: self.input.channels,
-            });
-        }
         let side = self.input.height.min(self.input.width);
         if self.augment.translate >= side {
             return Err(ConfigError::TooLarge {
                 flag: "--translate",
                 value: self.augment.translate,
                 limit: side,
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks a run's `config.json` as read back: [`TrainConfig::validate`] and an image shape
+    /// that ember's readers can produce and a batch of which can be allocated (a file edited to
+    /// 0 or 2 channels, or 100000x100000 images, fails here, not in a panic or an abort).
+    pub fn check_saved(&self) -> Result<(), ConfigError> {
+        self.validate()?;
+        self.check_shape()
+    }
+
+    /// The image shape's bounds, and normalisation values for its channels.
+    fn check_shape(&self) -> Result<(), ConfigError> {
+        let shape = self.input;
+        let reason = if !(1..=MAX_CHANNELS).contains(&shape.channels) {
+            Some("the channels must be 1 (grey) to 4")
+        } else if shape.height == 0 || shape.width == 0 || shape.height.max(shape.width) > MAX_INPUT_SIDE {
+            Some("the sides must be 1 to 4096 pixels")
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            return Err(ConfigError::BadInput { shape, reason });
+        }
+        if !self.normalization.fits(shape.channels) {
+            return Err(ConfigError::Channels {
+                mean: self.normalization.mean.values().len(),
+                std: self.normalization.std.values().len(),
+                channels: shape.channels,
             });
         }
         Ok(())
@@ -477,6 +606,16 @@ impl TrainConfig {
         {
             if !(value.is_finite() && value > 0.0) {
                 return Err(ConfigError::NotPositive { flag, value });
+            }
+        }
+        for &std in self.normalization.std.values() {
+            // Pixels in [0, 1] divided by less would overflow f32 in the first layers' sums.
+            if f64::from(std) < MIN_STD {
+                return Err(ConfigError::TooSmall {
+                    flag: "--std",
+                    value: f64::from(std),
+                    limit: MIN_STD,
+                });
             }
         }
         for &mean in self.normalization.mean.values() {
@@ -584,6 +723,23 @@ impl TrainConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn flags_are_said_as_config_json_fields() {
+        assert_eq!(
+            as_fields("--batch-size must be at least 1, got 0"),
+            "batch_size must be at least 1, got 0"
+        );
+        assert_eq!(
+            as_fields("--std must be at least 0.000001, got 1e-45"),
+            "normalization.std must be at least 0.000001, got 1e-45"
+        );
+        assert_eq!(
+            as_fields("--nesterov needs a momentum (--momentum above 0, or one-cycle's --cycle-momentum)"),
+            "optimizer.nesterov needs a momentum (optimizer.momentum above 0, or one-cycle's schedule.cycle_momentum)"
+        );
+        assert_eq!(as_fields("no flags -- here"), "no flags -- here");
+    }
 
     #[test]
     fn recipes_match_the_seed_runs() {

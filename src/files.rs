@@ -4,6 +4,26 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+/// `text` from outside (a file name, a file's contents) with control characters escaped (`\n`
+/// as two characters, ESC as `\u{1b}`): a line printed with it stays one line and cannot
+/// retitle, clear or move the terminal.
+pub fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// `path` as `printable` text (non-UTF-8 bytes as U+FFFD).
+pub fn shown(path: &Path) -> String {
+    printable(&path.display().to_string())
+}
+
 /// A file that could not be written, by path.
 #[derive(Debug, thiserror::Error)]
 #[error("{}: {error}", path.display())]

@@ -64,6 +64,7 @@ pub fn bar_chart(
     let top = series
         .iter()
         .flat_map(|s| s.values.iter().flatten())
+        .filter(|v| plottable(**v))
         .fold(0f64, |m, &v| m.max(v))
         .max(1e-9)
         * 1.18;
@@ -95,8 +96,9 @@ pub fn bar_chart(
     for (i, s) in series.iter().enumerate() {
         let color = PALETTE[i % PALETTE.len()];
         let width = 0.8 / n;
+        let shown = |v: &Option<f64>| v.filter(|v| plottable(*v));
         let bars = s.values.iter().enumerate().filter_map(|(g, v)| {
-            v.map(|v| {
+            shown(v).map(|v| {
                 let x0 = g as f64 + 0.1 + i as f64 * width;
                 Rectangle::new([(x0, 0.0), (x0 + width * 0.92, v)], color.filled())
             })
@@ -107,7 +109,7 @@ pub fn bar_chart(
             .label(s.name.clone())
             .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
         let labels = s.values.iter().enumerate().filter_map(|(g, v)| {
-            v.map(|v| {
+            shown(v).map(|v| {
                 let x0 = g as f64 + 0.1 + i as f64 * width;
                 Text::new(format_value(v), (x0, v + top * 0.01), (FAMILY, 13).into_font())
             })
@@ -123,6 +125,28 @@ pub fn bar_chart(
         .draw()
         .map_err(|x| e(x.to_string()))?;
     root.present().map_err(|x| e(x.to_string()))
+}
+
+/// Whether a value can be placed on a chart: finite and small enough that an axis range around
+/// it is finite too, with room for its tick labels. plotters loops forever on an infinite or
+/// degenerate range (a metrics.csv row holding `inf` or 1e308).
+fn plottable(v: f64) -> bool {
+    v.is_finite() && v.abs() <= 1e15
+}
+
+/// A finite range around `[low, high]` that plotters can tick: widened by `pad` of its width
+/// each side; a single value (or a spread below f64's resolution there) centred in a range of
+/// at least 1; `[0, 1]` when there is nothing.
+fn axis_range(low: f64, high: f64, pad: f64) -> (f64, f64) {
+    if low > high {
+        return (0.0, 1.0);
+    }
+    let width = high - low;
+    if width <= 1e-9 * low.abs().max(high.abs()) {
+        let half = (0.05 * low.abs()).max(0.5);
+        return (low - half, high + half);
+    }
+    (low - width * pad, high + width * pad)
 }
 
 fn format_value(v: f64) -> String {
@@ -156,22 +180,23 @@ pub fn line_panels(path: &Path, x_label: &str, panels: &[Panel]) -> Result<(), P
     root.fill(&WHITE).map_err(|x| e(x.to_string()))?;
     let areas = root.split_evenly((1, panels.len()));
     for (area, panel) in areas.iter().zip(panels) {
-        let points = || panel.lines.iter().flat_map(|l| l.points.iter());
+        // Points that cannot be drawn (infinite, NaN, beyond 1e15) are left out.
+        let lines: Vec<Vec<(f64, f64)>> = panel
+            .lines
+            .iter()
+            .map(|l| {
+                l.points
+                    .iter()
+                    .copied()
+                    .filter(|&(x, y)| plottable(x) && plottable(y))
+                    .collect()
+            })
+            .collect();
+        let points = || lines.iter().flatten();
         let (x_min, x_max) = points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
         let (y_min, y_max) = points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
-        let (x_min, x_max) = if x_min > x_max {
-            (0.0, 1.0)
-        } else if x_min == x_max {
-            (x_min - 0.5, x_max + 0.5)
-        } else {
-            (x_min, x_max)
-        };
-        let pad = ((y_max - y_min) * 0.08).max(1e-6);
-        let (y_min, y_max) = if y_min > y_max {
-            (0.0, 1.0)
-        } else {
-            (y_min - pad, y_max + pad)
-        };
+        let (x_min, x_max) = axis_range(x_min, x_max, 0.0);
+        let (y_min, y_max) = axis_range(y_min, y_max, 0.08);
         let mut chart = ChartBuilder::on(area)
             .caption(&panel.title, (FAMILY, 20))
             .margin(12)
@@ -194,18 +219,18 @@ pub fn line_panels(path: &Path, x_label: &str, panels: &[Panel]) -> Result<(), P
             .label_style((FAMILY, 14))
             .draw()
             .map_err(|x| e(x.to_string()))?;
-        for (i, line) in panel.lines.iter().enumerate() {
+        for (i, (line, points)) in panel.lines.iter().zip(&lines).enumerate() {
             let color = PALETTE[i % PALETTE.len()];
             chart
                 .draw_series(plotters::series::LineSeries::new(
-                    line.points.iter().copied(),
+                    points.iter().copied(),
                     color.stroke_width(2),
                 ))
                 .map_err(|x| e(x.to_string()))?
                 .label(line.name.clone())
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
             chart
-                .draw_series(line.points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
                 .map_err(|x| e(x.to_string()))?;
         }
         chart
@@ -222,6 +247,59 @@ pub fn line_panels(path: &Path, x_label: &str, panels: &[Panel]) -> Result<(), P
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Infinite, NaN and huge values are left out of a chart (plotters looped forever on the
+    /// axis range they made); a single value gets a range around it. Drawn on a thread so that
+    /// a regression fails after a minute instead of hanging.
+    #[test]
+    fn values_that_cannot_be_drawn_are_left_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("odd.png");
+        let (done, wait) = std::sync::mpsc::channel();
+        let drawn = path.clone();
+        std::thread::spawn(move || {
+            let line = |points: Vec<(f64, f64)>| Panel {
+                title: "loss".into(),
+                y_label: "nll".into(),
+                lines: vec![Line {
+                    name: "train".into(),
+                    points,
+                }],
+            };
+            let result = line_panels(
+                &drawn,
+                "epoch",
+                &[
+                    line(vec![
+                        (1.0, 0.3),
+                        (2.0, f64::INFINITY),
+                        (3.0, 1e308),
+                        (4.0, -1e308),
+                        (5.0, f64::NAN),
+                    ]),
+                    line(vec![(1.0, 1e15)]),
+                    line(vec![(f64::INFINITY, 1.0)]),
+                ],
+            );
+            let bars = bar_chart(
+                &drawn.with_extension("bars.png"),
+                "t",
+                "ms",
+                &["a".into()],
+                &[BarSeries {
+                    name: "x".into(),
+                    values: vec![Some(f64::INFINITY)],
+                }],
+            );
+            done.send((result.is_ok(), bars.is_ok())).unwrap();
+        });
+        let drawn = wait.recv_timeout(std::time::Duration::from_secs(60));
+        assert_eq!(drawn, Ok((true, true)), "not drawn within a minute");
+        assert!(std::fs::metadata(&path).unwrap().len() > 5_000);
+        assert_eq!(axis_range(2.0, 2.0, 0.1), (1.5, 2.5));
+        assert_eq!(axis_range(1.0, 3.0, 0.5), (0.0, 4.0));
+        assert_eq!(axis_range(f64::MAX, f64::MIN, 0.1), (0.0, 1.0));
+    }
 
     #[test]
     fn draws_bars_and_lines_to_png() {

@@ -59,12 +59,13 @@ impl Prediction {
             .iter()
             .map(|g| format!("{}: {:.2}%", config.class_text(g.class), 100.0 * g.probability))
             .collect();
-        format!(
+        // File and class names come from the file system: escaped, one line each.
+        crate::files::printable(&format!(
             "{}: {}  ({})",
             self.file,
             config.class_text(self.prediction),
             guesses.join(", ")
-        )
+        ))
     }
 }
 
@@ -137,6 +138,11 @@ fn decode(path: &Path) -> Result<image::DynamicImage, PredictError> {
         )));
     }
     let mut reader = open()?;
+    if reader.format() == Some(image::ImageFormat::Jpeg) {
+        // A cut-off JPEG decodes with its missing part grey; refuse it as folders do.
+        let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+        crate::data::folder::jpeg_complete(&bytes).map_err(|why| fail(why.into()))?;
+    }
     let mut limits = image::Limits::default();
     limits.max_image_width = Some(MAX_SIDE);
     limits.max_image_height = Some(MAX_SIDE);

@@ -31,6 +31,31 @@ pub fn install_interrupt_handler() {
     });
 }
 
+/// Whether a checkpoint's counters agree with each other for epochs of `steps` steps: the
+/// global step is the epochs' and the step's sum (a wrapped or edited value would misplace
+/// the schedule and the dropout masks), and the partial sums are finite.
+fn check_counters(p: &Progress, steps: usize) -> Result<(), String> {
+    let expected = p
+        .epoch
+        .checked_mul(steps)
+        .and_then(|s| s.checked_add(p.step_in_epoch));
+    if expected != Some(p.global_step) {
+        return Err(format!(
+            "global_step {} is not epoch {} x {steps} steps + step_in_epoch {} (or the training set changed size since)",
+            p.global_step, p.epoch, p.step_in_epoch
+        ));
+    }
+    for (field, value) in [
+        ("partial_loss_sum", p.partial_loss_sum),
+        ("partial_seconds", p.partial_seconds),
+    ] {
+        if !value.is_finite() || value < 0.0 || value > 1e30 {
+            return Err(format!("{field} is {value}, not a finite sum of a partial epoch"));
+        }
+    }
+    Ok(())
+}
+
 /// Why a run stopped early.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -57,6 +82,8 @@ pub enum RunError {
     Complete(String, usize),
     #[error("{dir}/state.json: step_in_epoch {step} is not inside an epoch of {steps} steps; the checkpoint state is corrupt")]
     PastEpoch { dir: String, step: usize, steps: usize },
+    #[error("{dir}/state.json: {reason}; the checkpoint state is corrupt")]
+    BadState { dir: String, reason: String },
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
@@ -195,6 +222,10 @@ pub fn train<B: AutodiffBackend, M: Trainable<B>>(
             steps,
         });
     }
+    check_counters(&progress, steps).map_err(|reason| RunError::BadState {
+        dir: run.path.display().to_string(),
+        reason,
+    })?;
     let checkpoints = Checkpoints {
         run,
         enabled: save_model,
@@ -445,7 +476,7 @@ pub fn header<B: AutodiffBackend, M: Trainable<B>>(
     info: &str,
     run: &RunDir,
 ) -> String {
-    let mut dataset = config.dataset.to_string();
+    let mut dataset = crate::files::printable(&config.dataset.to_string());
     if config.input != crate::data::ImageShape::MNIST || config.num_classes() != crate::data::NUM_CLASSES {
         dataset += &format!(" ({} images, {} classes)", config.input, config.num_classes());
     }
@@ -458,6 +489,6 @@ pub fn header<B: AutodiffBackend, M: Trainable<B>>(
         splits.train.len(),
         splits.valid.as_ref().map_or(0, DeviceSplit::len),
         splits.test.len(),
-        run.path.display()
+        crate::files::shown(&run.path)
     )
 }

@@ -157,6 +157,7 @@ pub fn resume_run(
     config.validate()?;
     check(&config)?;
     let data = load(&config)?;
+    config.check_classes(&data.classes)?;
     if data.train.shape != config.input {
         anyhow::bail!(
             "{}: the run was trained on {} images and the data now reads as {}",
@@ -199,13 +200,19 @@ pub fn fit_to_data(
     let (keep_mean, keep_std) = (given.mean, given.std);
     if !quiet {
         if let Some(line) = data.report.summary() {
-            println!("{}: {line}", config.dataset);
+            println!(
+                "{}",
+                crate::files::printable(&format!("{}: {line}", config.dataset))
+            );
         }
         if let Some(line) = data.report.skipped_line() {
             println!("{line}");
         }
     }
     config.input = data.train.shape;
+    if let [only] = &data.classes[..] {
+        return Err(ConfigError::OneClass(only.clone()).into());
+    }
     if config.dataset.idx().is_none() || given.own_data {
         config.classes = data.classes.clone();
         let (_, mut train) = data.train.clone().split_at(config.valid_size);
@@ -273,7 +280,13 @@ impl TrainJob {
                 .report
                 .skipped
                 .iter()
-                .map(|(path, why)| format!("{}\t{why}\n", path.display()))
+                .map(|(path, why)| {
+                    format!(
+                        "{}\t{}\n",
+                        crate::files::shown(path),
+                        crate::files::printable(why)
+                    )
+                })
                 .collect();
             let path = run.file(SKIPPED_FILE);
             std::fs::write(&path, list).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
@@ -381,8 +394,15 @@ impl<D: EmberModel> ModelTask<D> for PredictJob {
             json,
             images,
         } = self;
-        let net = run.load_model_of::<B::InnerBackend, D>(model, &config, &device)?;
         let prepare = predict::Prepare::of(&config);
+        let channels = prepare.shape().channels;
+        anyhow::ensure!(
+            matches!(channels, 1 | 3),
+            "{}: the run's images have {channels} channels (input {}); ember predict reads image files as grey (1) or RGB (3)",
+            run.file(crate::checkpoint::CONFIG_FILE).display(),
+            config.input
+        );
+        let net = run.load_model_of::<B::InnerBackend, D>(model, &config, &device)?;
         let loaded: Vec<Result<_, predict::PredictError>> =
             images.iter().map(|p| predict::load_as(p, prepare)).collect();
         let good: Vec<Vec<u8>> = loaded.iter().filter_map(|r| r.as_ref().ok().cloned()).collect();

@@ -97,7 +97,14 @@ pub fn run(args: DataCmdArgs) -> Result<()> {
     } else {
         summary.classes.join(", ")
     };
-    println!("{}: {} classes ({names})", summary.dataset, summary.classes.len());
+    println!(
+        "{}",
+        crate::files::printable(&format!(
+            "{}: {} classes ({names})",
+            summary.dataset,
+            summary.classes.len()
+        ))
+    );
     println!(
         "images {shape}, {} train / {} test, {} on the device as f32",
         summary.train,
@@ -106,7 +113,7 @@ pub fn run(args: DataCmdArgs) -> Result<()> {
     );
     println!("training images' mean {} std {}", stats.mean, stats.std);
     if let Some(line) = report.summary() {
-        println!("{line}");
+        println!("{}", crate::files::printable(&line));
     }
     if let Some(line) = report.skipped_line() {
         println!("{line}");

@@ -54,14 +54,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
     let device = backend::resolve(args.device)?;
     // The images are read as the model was trained on them (shape and channels).
     let data = crate::data::load(&config.dataset, &args.data.options(&config, &device, false))?;
-    if data.classes.len() != config.num_classes() {
-        anyhow::bail!(
-            "{} has {} classes and the checkpoint's model tells {} apart",
-            config.dataset,
-            data.classes.len(),
-            config.num_classes()
-        );
-    }
+    config.check_classes(&data.classes)?;
     model.eval(args.device, EvalJob { config, data, run })?;
     Ok(())
 }

@@ -181,7 +181,8 @@ pub fn main_with(registry: crate::registry::Registry) -> ! {
     crate::registry::install(registry);
     let cli = <Cli as Parser>::parse();
     if let Err(err) = run(cli) {
-        eprintln!("Error: {err:#}");
+        // One line whatever a file or folder name holds: control characters escaped.
+        eprintln!("Error: {}", crate::files::printable(&format!("{err:#}")));
         // 128 + SIGINT, as a shell reports a process stopped by Ctrl-C.
         let interrupted = matches!(err.downcast_ref(), Some(crate::run::RunError::Interrupted { .. }));
         std::process::exit(if interrupted { 130 } else { 1 });

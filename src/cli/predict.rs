@@ -32,6 +32,7 @@ pub fn run(args: PredictArgs) -> Result<()> {
     let run = RunDir::open(&args.checkpoint)?;
     let config = run.load_config()?;
     let model = registry::global().get(config.model.name())?;
+    config.check_input(|input| model.fits(input))?;
     backend::resolve(args.device)?;
     model.predict(
         args.device,

@@ -282,6 +282,57 @@ pub enum Found {
     Folders(PathBuf),
 }
 
+/// Whether burn-dataset's layout at `root` has a class folder for each of CIFAR's classes in
+/// `train/` and no other: read as an image folder, a missing class would renumber the labels
+/// after it (CIFAR's numbering is fixed) and the model would have fewer outputs.
+pub fn check_class_folders(kind: Cifar, root: &Path) -> Result<(), DataError> {
+    let classes = kind.classes();
+    let train = root.join("train");
+    let read = std::fs::read_dir(&train).map_err(|error| DataError::Io {
+        path: train.clone(),
+        error,
+    })?;
+    let mut found = Vec::new();
+    for entry in read.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') && entry.path().is_dir() {
+            found.push(name);
+        }
+    }
+    let missing: Vec<&str> = classes
+        .iter()
+        .filter(|c| !found.contains(c))
+        .map(String::as_str)
+        .collect();
+    let other: Vec<&str> = found
+        .iter()
+        .filter(|f| !classes.contains(f))
+        .map(String::as_str)
+        .collect();
+    if missing.is_empty() && other.is_empty() {
+        return Ok(());
+    }
+    let few = |names: &[&str]| {
+        let more = if names.len() > 5 { ", ..." } else { "" };
+        format!("{}{more}", names[..names.len().min(5)].join(", "))
+    };
+    let mut reason = format!(
+        "{} of {}'s {} class folders",
+        classes.len() - missing.len(),
+        kind.name(),
+        classes.len()
+    );
+    if !missing.is_empty() {
+        reason += &format!(", without {}", few(&missing));
+    }
+    if !other.is_empty() {
+        reason += &format!(", and {} that is not one of its classes", few(&other));
+    }
+    reason +=
+        ": CIFAR's labels are fixed, so every class is needed (train on a subset with --dataset folder:PATH)";
+    Err(DataError::Invalid { path: train, reason })
+}
+
 /// Finds the binary files in `dir` or `dir/<release folder>`, or burn-dataset's folders;
 /// downloads the release when neither is there and `download` allows.
 pub fn locate(kind: Cifar, dir: &Path, download: bool) -> Result<Found, DataError> {

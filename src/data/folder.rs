@@ -133,7 +133,7 @@ pub fn load(root: &Path, name: &str, options: &LoadOptions) -> Result<Data, Data
             }
         }
         (train, train_headers, test, test_headers) = (kept, kept_h, out, out_h);
-        report.test_from = format!("{}% of each class, held out", options.val_fraction * 100.0);
+        report.test_from = held_out_line(test.len(), train.len() + test.len(), options.val_fraction);
     }
     for (label, class) in classes.iter().enumerate() {
         if !train.iter().any(|e| usize::from(e.label) == label) {
@@ -166,9 +166,17 @@ pub fn load(root: &Path, name: &str, options: &LoadOptions) -> Result<Data, Data
         width,
     };
     check_memory(name, train.len() + test.len(), shape, options)?;
-    report.resized = all()
-        .filter(|h| (h.height as usize, h.width as usize) != (height, width))
-        .count();
+    let odd = |h: &&Header| (h.height as usize, h.width as usize) != (height, width);
+    report.resized = all().filter(odd).count();
+    report.resized_to = [width, height];
+    report.resized_examples = train
+        .iter()
+        .zip(&train_headers)
+        .chain(test.iter().zip(&test_headers))
+        .filter(|(_, h)| odd(h))
+        .take(3)
+        .map(|(e, h)| (e.path.clone(), [h.width, h.height]))
+        .collect();
 
     let bar = options.progress.then(|| progress_bar(train.len() + test.len()));
     let decode = |entries: &mut Vec<Entry>, report: &mut LoadReport| -> Result<Split, DataError> {
@@ -274,10 +282,19 @@ fn class_names(dir: &Path) -> Result<Vec<String>, DataError> {
             path: dir.to_owned(),
             error,
         })?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with('.') && entry.path().is_dir() {
-            names.push(name);
+        let name = entry.file_name();
+        if name.as_encoded_bytes().starts_with(b".") || !entry.path().is_dir() {
+            continue;
         }
+        // A class's name is recorded in config.json and printed by predict: it must be text.
+        let Some(name) = name.to_str() else {
+            return Err(DataError::Invalid {
+                path: entry.path(),
+                reason: "a class folder whose name is not UTF-8: rename it (the name is the class's name)"
+                    .into(),
+            });
+        };
+        names.push(name.to_owned());
     }
     names.sort();
     if names.is_empty() {
@@ -303,10 +320,29 @@ fn list(dir: &Path, classes: &[String], shown: &Path) -> Result<(Vec<Entry>, usi
             .follow_links(true)
             .sort_by_file_name();
         for item in walk {
-            let item = item.map_err(|e| DataError::Invalid {
-                path: e.path().unwrap_or(shown).to_owned(),
-                reason: e.to_string(),
-            })?;
+            let item = match item {
+                Ok(item) => item,
+                // A symbolic link to nothing: listed (as an image when it is named like one) so
+                // that reading it fails by name, and --skip-bad-images skips it.
+                Err(e) if e.path().is_some_and(dangling) => {
+                    let path = e.path().expect("checked").to_owned();
+                    if is_image_name(&path) {
+                        entries.push(Entry {
+                            path,
+                            label: label as u16,
+                        });
+                    } else {
+                        ignored += 1;
+                    }
+                    continue;
+                }
+                Err(e) => {
+                    return Err(DataError::Invalid {
+                        path: e.path().unwrap_or(shown).to_owned(),
+                        reason: e.to_string(),
+                    })
+                }
+            };
             if !item.file_type().is_file() {
                 continue;
             }
@@ -314,12 +350,7 @@ fn list(dir: &Path, classes: &[String], shown: &Path) -> Result<(Vec<Entry>, usi
             if name.starts_with('.') {
                 continue;
             }
-            let is_image = item
-                .path()
-                .extension()
-                .map(|x| x.to_string_lossy().to_ascii_lowercase())
-                .is_some_and(|x| EXTENSIONS.contains(&x.as_str()));
-            if is_image {
+            if is_image_name(item.path()) {
                 entries.push(Entry {
                     path: item.into_path(),
                     label: label as u16,
@@ -330,6 +361,33 @@ fn list(dir: &Path, classes: &[String], shown: &Path) -> Result<(Vec<Entry>, usi
         }
     }
     Ok((entries, ignored))
+}
+
+/// Where a held-out test set came from: the requested share, or what was held out when small
+/// classes (one image held out of each with two or more, none of a single image) moved it.
+fn held_out_line(held: usize, total: usize, fraction: f64) -> String {
+    let share = held as f64 / total.max(1) as f64;
+    let asked = format!("{}% of each class", fraction * 100.0);
+    if (share - fraction).abs() <= 0.01 {
+        format!("{asked}, held out")
+    } else {
+        format!(
+            "{held} of {total} images held out ({:.0}%; {asked} was asked, with at least one per class of two or more images and none of a class of one)",
+            share * 100.0
+        )
+    }
+}
+
+/// Whether `path` is named like an image (by extension, case-insensitive).
+fn is_image_name(path: &Path) -> bool {
+    path.extension()
+        .map(|x| x.to_string_lossy().to_ascii_lowercase())
+        .is_some_and(|x| EXTENSIONS.contains(&x.as_str()))
+}
+
+/// Whether `path` is a symbolic link whose target does not exist.
+fn dangling(path: &Path) -> bool {
+    path.symlink_metadata().is_ok_and(|m| m.file_type().is_symlink()) && !path.exists()
 }
 
 /// Which entries to hold out: `fraction` of each class (rounded, at least one when the class
@@ -362,7 +420,10 @@ fn bad(path: &Path, reason: impl Into<String>) -> DataError {
 /// JPEG's start-of-image marker.
 fn open(path: &Path) -> Result<image::ImageReader<std::io::BufReader<std::fs::File>>, DataError> {
     let mut start = [0u8; 8];
-    let mut file = std::fs::File::open(path).map_err(|e| bad(path, e.to_string()))?;
+    let mut file = std::fs::File::open(path).map_err(|e| match dangling(path) {
+        true => bad(path, "a symbolic link to a file that does not exist"),
+        false => bad(path, e.to_string()),
+    })?;
     let n = std::io::Read::read(&mut file, &mut start).map_err(|e| bad(path, e.to_string()))?;
     let format = match &start[..n] {
         [0x89, b'P', b'N', b'G', 0x0D, 0x0A, 0x1A, 0x0A] => image::ImageFormat::Png,
@@ -413,7 +474,32 @@ fn check_size(path: &Path, width: u32, height: u32, max_pixels: u64) -> Result<(
 /// Decodes `path` into `out` as `shape` (channel-major), within the pixel budget whatever the
 /// file claims past its header.
 fn decode_into(path: &Path, shape: ImageShape, max_pixels: u64, out: &mut [u8]) -> Result<(), DataError> {
-    let mut reader = open(path)?;
+    let reader = open(path)?;
+    let img = if reader.format() == Some(image::ImageFormat::Jpeg) {
+        // The JPEG decoder fills a cut-off scan with grey and reports success; PIL refuses such
+        // a file ("image file is truncated"), and so does ember. (The decoder reads the whole
+        // file into memory anyway.)
+        let bytes = std::fs::read(path).map_err(|e| bad(path, e.to_string()))?;
+        jpeg_complete(&bytes).map_err(|why| bad(path, why))?;
+        let cursor = std::io::Cursor::new(bytes);
+        decode_limited(
+            image::ImageReader::with_format(cursor, image::ImageFormat::Jpeg),
+            max_pixels,
+        )
+    } else {
+        decode_limited(reader, max_pixels)
+    };
+    let img = img.map_err(|e| bad(path, e.to_string()))?;
+    check_size(path, img.width(), img.height(), max_pixels)?;
+    to_chw(&img, shape, out);
+    Ok(())
+}
+
+/// Decodes within the pixel budget whatever the file claims past its header.
+fn decode_limited<R: std::io::BufRead + std::io::Seek>(
+    mut reader: image::ImageReader<R>,
+    max_pixels: u64,
+) -> image::ImageResult<DynamicImage> {
     let mut limits = image::Limits::default();
     let side = u32::try_from(max_pixels.min(u64::from(MAX_SIDE))).unwrap_or(MAX_SIDE);
     limits.max_image_width = Some(side);
@@ -421,10 +507,68 @@ fn decode_into(path: &Path, shape: ImageShape, max_pixels: u64, out: &mut [u8]) 
     // 16-bit RGBA is the widest layout decoded: 8 bytes a pixel.
     limits.max_alloc = Some(max_pixels.saturating_mul(8).saturating_add(1 << 20));
     reader.limits(limits);
-    let img = reader.decode().map_err(|e| bad(path, e.to_string()))?;
-    check_size(path, img.width(), img.height(), max_pixels)?;
-    to_chw(&img, shape, out);
-    Ok(())
+    reader.decode()
+}
+
+/// Whether a JPEG file's segments run to its end-of-image marker: walks the markers (an Exif
+/// thumbnail inside APP1 is skipped with its segment, so its own end marker does not count)
+/// and each scan's entropy-coded data (where a 0xFF byte is followed by 0x00 or a restart
+/// marker), and fails when the bytes end first.
+pub fn jpeg_complete(bytes: &[u8]) -> Result<(), &'static str> {
+    const CUT: &str = "truncated JPEG: the file ends before its end-of-image marker";
+    let mut i = 2; // past the start-of-image marker, checked by `open`
+    loop {
+        // Bytes between segments (non-conforming but common) are skipped up to the next 0xFF.
+        let Some(ff) = bytes
+            .get(i..)
+            .and_then(|rest| rest.iter().position(|&b| b == 0xFF))
+        else {
+            return Err(CUT);
+        };
+        i += ff;
+        while bytes.get(i) == Some(&0xFF) {
+            i += 1; // fill bytes
+        }
+        let Some(&marker) = bytes.get(i) else {
+            return Err(CUT);
+        };
+        i += 1;
+        match marker {
+            0xD9 => return Ok(()),
+            0x00 | 0x01 | 0xD0..=0xD8 => continue, // no length follows
+            _ => {}
+        }
+        let Some(len) = bytes
+            .get(i..i + 2)
+            .map(|l| usize::from(u16::from_be_bytes([l[0], l[1]])))
+        else {
+            return Err(CUT);
+        };
+        if len < 2 {
+            return Err("corrupt JPEG: a segment shorter than its length field");
+        }
+        i += len;
+        if i > bytes.len() {
+            return Err(CUT);
+        }
+        if marker == 0xDA {
+            // Entropy-coded data up to the next marker that is not a stuffed byte or a restart.
+            loop {
+                let Some(ff) = bytes
+                    .get(i..)
+                    .and_then(|rest| rest.iter().position(|&b| b == 0xFF))
+                else {
+                    return Err(CUT);
+                };
+                i += ff;
+                match bytes.get(i + 1) {
+                    None => return Err(CUT),
+                    Some(0x00 | 0xD0..=0xD7) => i += 2,
+                    Some(_) => break,
+                }
+            }
+        }
+    }
 }
 
 /// `img` as `shape`, channel-major, into `out`: grey as luma, colour as RGB (alpha dropped, as
@@ -514,6 +658,44 @@ mod tests {
                 .save(path)
                 .unwrap();
         }
+    }
+
+    fn jpeg(img: &DynamicImage) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        img.write_to(&mut std::io::Cursor::new(&mut bytes), image::ImageFormat::Jpeg)
+            .unwrap();
+        bytes
+    }
+
+    /// Every cut of a JPEG before its last byte is refused, whole files (with bytes after the
+    /// end marker, or an Exif-like APP1 segment holding an end marker of its own) are not.
+    #[test]
+    fn a_jpeg_is_complete_only_up_to_its_end_marker() {
+        let img = DynamicImage::ImageRgb8(image::RgbImage::from_fn(40, 24, |x, y| {
+            image::Rgb([(x * 37 % 256) as u8, (y * 91 % 256) as u8, ((x ^ y) * 13) as u8])
+        }));
+        let whole = jpeg(&img);
+        assert_eq!(jpeg_complete(&whole), Ok(()));
+        for cut in 2..whole.len() - 1 {
+            assert!(
+                jpeg_complete(&whole[..cut]).is_err(),
+                "cut at {cut} of {}",
+                whole.len()
+            );
+        }
+        let mut padded = whole.clone();
+        padded.extend_from_slice(&[0; 100]);
+        assert_eq!(jpeg_complete(&padded), Ok(()));
+        // An APP1 segment right after the start marker, holding 0xFF 0xD9 (a thumbnail's end).
+        let mut app1 = vec![
+            0xFF, 0xD8, 0xFF, 0xE1, 0x00, 0x08, b'E', b'x', 0xFF, 0xD9, 0x00, 0x00,
+        ];
+        app1.extend_from_slice(&whole[2..]);
+        assert_eq!(jpeg_complete(&app1), Ok(()));
+        let cut = &app1[..app1.len() / 2];
+        assert!(jpeg_complete(cut).is_err());
+        // The image crate decodes the cut file without complaint: the check is what refuses it.
+        assert!(image::load_from_memory_with_format(cut, image::ImageFormat::Jpeg).is_ok());
     }
 
     #[test]

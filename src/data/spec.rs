@@ -174,6 +174,10 @@ pub struct LoadReport {
     pub ignored: usize,
     /// Images whose size differed from the shape they were resized to.
     pub resized: usize,
+    /// The first few of them, with their sizes (width, height).
+    pub resized_examples: Vec<(PathBuf, [u32; 2])>,
+    /// The size they were resized to (width, height).
+    pub resized_to: [usize; 2],
     /// Where the test set came from, e.g. "test/" or "10% of each class".
     pub test_from: String,
 }
@@ -192,7 +196,17 @@ impl LoadReport {
             rayon::current_num_threads()
         );
         if self.resized > 0 {
-            line += &format!(", {} resized", self.resized);
+            let [w, h] = self.resized_to;
+            line += &format!(", {} resized to {w}x{h}", self.resized);
+            let shown: Vec<String> = self
+                .resized_examples
+                .iter()
+                .map(|(path, [w, h])| format!("{} {w}x{h}", crate::files::shown(path)))
+                .collect();
+            if !shown.is_empty() {
+                let more = if self.resized > shown.len() { ", ..." } else { "" };
+                line += &format!(" ({}{more})", shown.join(", "));
+            }
         }
         if self.ignored > 0 {
             line += &format!(", {} files without a .png/.jpg/.jpeg name not read", self.ignored);
@@ -207,10 +221,11 @@ impl LoadReport {
     pub fn skipped_line(&self) -> Option<String> {
         let (first, why) = self.skipped.first()?;
         Some(format!(
-            "skipped {} unreadable image{} (--skip-bad-images), the first: {}: {why}",
+            "skipped {} unreadable image{} (--skip-bad-images), the first: {}: {}",
             self.skipped.len(),
             if self.skipped.len() == 1 { "" } else { "s" },
-            first.display()
+            crate::files::shown(first),
+            crate::files::printable(why)
         ))
     }
 }
@@ -243,8 +258,12 @@ pub fn load(spec: &DatasetSpec, options: &LoadOptions) -> Result<Data, DataError
                 )?;
                 cifar::load(*kind, &paths, true)?
             }
-            // Its class folders are CIFAR's names, which sort in label order.
-            cifar::Found::Folders(root) => folder::load(&root, &spec.to_string(), options)?,
+            // Its class folders are CIFAR's names, which sort in label order: all of them, or
+            // the labels would not be CIFAR's.
+            cifar::Found::Folders(root) => {
+                cifar::check_class_folders(*kind, &root)?;
+                folder::load(&root, &spec.to_string(), options)?
+            }
         },
         DatasetSpec::Folder(root) => return folder::load(root, &spec.to_string(), options),
     };
@@ -288,6 +307,7 @@ fn reshape(mut data: Data, options: &LoadOptions) -> Data {
     let target = shape_for(data.train.shape, options);
     if target != data.train.shape {
         data.report.resized = data.train.len() + data.test.len();
+        data.report.resized_to = [target.width, target.height];
         data.train = convert(&data.train, target);
         data.test = convert(&data.test, target);
     }
@@ -336,30 +356,46 @@ mod tests {
         assert!("folder:".parse::<DatasetSpec>().is_err());
     }
 
+    /// burn-dataset's layout reads as a folder with CIFAR's own numbering; until issue 25 a
+    /// layout with only some classes read as those classes renumbered 0..k (airplane, cat as
+    /// 0, 1), which is not CIFAR: it is now refused, naming the missing folders.
     #[test]
     fn burn_datasets_cifar_layout_reads_as_a_folder() {
         let dir = tempfile::tempdir().unwrap();
-        for (split, class) in [
-            ("train", "cat"),
-            ("train", "airplane"),
-            ("test", "cat"),
-            ("test", "airplane"),
-        ] {
+        let write = |split: &str, class: &str| {
             let path = dir.path().join(split).join(class).join("0.png");
             std::fs::create_dir_all(path.parent().unwrap()).unwrap();
             image::RgbImage::from_pixel(32, 32, image::Rgb([1, 2, 3]))
                 .save(&path)
                 .unwrap();
+        };
+        for split in ["train", "test"] {
+            for class in ["cat", "airplane"] {
+                write(split, class);
+            }
         }
         let options = LoadOptions {
             dir: Some(dir.path().to_owned()),
             download: false,
             ..LoadOptions::default()
         };
+        let err = load(&DatasetSpec::Cifar(Cifar::Ten), &options)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("2 of cifar10's 10 class folders, without automobile"),
+            "{err}"
+        );
+        for split in ["train", "test"] {
+            for class in Cifar::Ten.classes() {
+                write(split, &class);
+            }
+        }
         let data = load(&DatasetSpec::Cifar(Cifar::Ten), &options).unwrap();
-        assert_eq!(data.classes, ["airplane", "cat"]);
+        assert_eq!(data.classes, Cifar::Ten.classes());
         assert_eq!(data.train.shape, Cifar::Ten.shape());
-        assert_eq!((data.train.len(), data.test.len()), (2, 2));
+        assert_eq!((data.train.len(), data.test.len()), (10, 10));
+        assert_eq!(data.train.labels, (0..10).collect::<Vec<u16>>());
     }
 
     #[test]

@@ -11,6 +11,7 @@ use burn::store::{ApplyResult, BurnToPyTorchAdapter, ModuleSnapshot, PyTorchToBu
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 
+use crate::files::printable;
 use crate::model::{EmberModel, ImageShape, Model, ModelKind};
 
 pub mod torch_save;
@@ -111,9 +112,11 @@ fn checked_tensors<R: Read + Seek>(
         unexpected,
         invalid,
     };
+    // A batch norm's counter may be absent (state_dicts from before PyTorch 0.4.1): PyTorch's
+    // BatchNorm loads them with the counter at 0, and so does ember.
     let missing: Vec<String> = expected
         .iter()
-        .filter(|(name, _)| !file.tensors.contains_key(name))
+        .filter(|(name, _)| !file.tensors.contains_key(name) && !is_counter(name))
         .map(|(name, _)| name.clone())
         .collect();
     let unexpected: Vec<String> = file
@@ -154,7 +157,10 @@ fn checked_tensors<R: Read + Seek>(
     }
     let mut tensors = Vec::with_capacity(expected.len());
     for (name, _) in expected {
-        let t = file.tensors[name].clone();
+        let Some(t) = file.tensors.get(name).cloned() else {
+            tensors.push((name.clone(), TensorData::new(vec![0f32], [1])));
+            continue;
+        };
         let read_error = |reason: String| ImportError::Read {
             path: path.to_owned(),
             reason: format!("{name}: {}", printable(&reason)),
@@ -174,6 +180,17 @@ fn checked_tensors<R: Read + Seek>(
             invalid.push(format!("{name} holds {} at index {i}", values[i]));
             continue;
         }
+        // A variance below zero makes batch norm's 1/sqrt(var + eps) NaN (or huge): PyTorch
+        // would evaluate to NaN, which no trained network holds.
+        if name.ends_with(".running_var") {
+            if let Some(i) = values.iter().position(|&v| v < 0.0) {
+                invalid.push(format!(
+                    "{name} holds {} at index {i}: a variance cannot be negative",
+                    values[i]
+                ));
+                continue;
+            }
+        }
         tensors.push((name.clone(), data));
     }
     if !invalid.is_empty() {
@@ -185,20 +202,6 @@ fn checked_tensors<R: Read + Seek>(
 /// Whether `name` is a batch norm's `num_batches_tracked`.
 fn is_counter(name: &str) -> bool {
     name.ends_with(".num_batches_tracked")
-}
-
-/// `text` from a file, with control characters escaped (`\n` as two characters): an error
-/// stays on one line whatever names the file holds.
-fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| {
-            if c.is_control() {
-                c.escape_default().to_string()
-            } else {
-                c.to_string()
-            }
-        })
-        .collect()
 }
 
 /// Loads named tensors in PyTorch's layout into a built-in `model`, converted to the backend's

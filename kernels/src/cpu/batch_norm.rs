@@ -71,7 +71,8 @@ pub fn to_f32(values: &[f64]) -> Vec<f32> {
     values.iter().map(|&v| v as f32).collect()
 }
 
-/// `y = (x - mean) * (inv_std * weight) + bias` per channel, then `max(y, 0)` when `relu`.
+/// `y = (x - mean) * (inv_std * weight) + bias` per channel, then ReLU'd when `relu` (0 where
+/// `y <= 0`; NaN stays NaN).
 pub fn normalise(
     s: &BnShape,
     x: &[f32],
@@ -99,7 +100,8 @@ pub fn normalise(
                 let at = c * s.plane..(c + 1) * s.plane;
                 for (y, &x) in y[at.clone()].iter_mut().zip(&x[at]) {
                     let v = (x - m) * a + b;
-                    *y = if relu { v.max(0.0) } else { v };
+                    // As `relu_in_place` and PyTorch's ReLU: NaN passes (`max` would drop it).
+                    *y = if relu && v <= 0.0 { 0.0 } else { v };
                 }
             }
         });
@@ -188,6 +190,27 @@ mod tests {
         (0..n as u32)
             .map(|i| ((i.wrapping_mul(2_654_435_761) ^ salt) % 1000) as f32 / 250.0 - 2.0)
             .collect()
+    }
+
+    /// The fused ReLU keeps NaN as PyTorch's ReLU and `relu_in_place` do (an imported
+    /// variance below zero, a diverged run): `f32::max(NaN, 0.0)` would report 0.
+    #[test]
+    fn fused_relu_passes_nan_and_zeroes_negatives() {
+        let s = BnShape {
+            batch: 1,
+            channels: 2,
+            plane: 3,
+        };
+        let x = [f32::NAN, -1.0, 2.0, 1.0, 1.0, 1.0];
+        let inv = [1.0f32, f32::NAN];
+        let mut y = [9.0f32; 6];
+        normalise(&s, &x, &[0.0, 0.0], &inv, &[1.0, 1.0], &[0.0, 0.0], true, &mut y);
+        assert!(y[0].is_nan(), "{y:?}");
+        assert_eq!(y[1..3], [0.0, 2.0]);
+        assert!(y[3..].iter().all(|v| v.is_nan()), "{y:?}");
+        let mut z = [f32::NAN, -1.0, 2.0];
+        crate::cpu::relu_in_place(&mut z);
+        assert!(z[0].is_nan() && z[1..] == [0.0, 2.0]);
     }
 
     /// The gradients against central differences of `sum(y * r)` in f64.
