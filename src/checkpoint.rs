@@ -171,13 +171,11 @@ impl RunDir {
             .write(true)
             .open(&path)
             .map_err(io(&path))?;
-        #[cfg(unix)]
-        {
-            use std::os::fd::AsRawFd;
-            // SAFETY: flock on a descriptor this function owns.
-            if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-                return Err(CheckpointError::Busy(self.path.clone()));
-            }
+        // An exclusive advisory lock (flock on Unix), released by the kernel with the file.
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => return Err(CheckpointError::Busy(self.path.clone())),
+            Err(fs::TryLockError::Error(error)) => return Err(CheckpointError::Io { path, error }),
         }
         self.remove_leftovers();
         Ok(RunLock { _file: file, path })

@@ -54,8 +54,9 @@ mod imp {
         if status != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
             return None;
         }
-        // SAFETY: the driver wrote a NUL-terminated string into `buf`.
-        let id = unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) };
+        // The driver wrote a NUL-terminated string into `buf`; read within the buffer anyway.
+        let bytes: Vec<u8> = buf.iter().map(|&c| c as u8).collect();
+        let id = std::ffi::CStr::from_bytes_until_nul(&bytes).ok()?;
         Some(id.to_string_lossy().into_owned())
     }
 

@@ -99,18 +99,8 @@ fn info_names_backend_and_device() {
 #[cfg(unix)]
 #[test]
 fn a_closed_stdout_ends_ember_quietly() {
-    use std::os::fd::FromRawFd;
     use std::os::unix::process::ExitStatusExt;
-    let mut fds = [0; 2];
-    // SAFETY: `fds` has room for the two descriptors pipe() writes.
-    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
-    // SAFETY: both descriptors were just created and are owned here alone.
-    let (read, write) = unsafe {
-        (
-            std::os::fd::OwnedFd::from_raw_fd(fds[0]),
-            std::os::fd::OwnedFd::from_raw_fd(fds[1]),
-        )
-    };
+    let (read, write) = std::io::pipe().unwrap();
     drop(read);
     let out = std::process::Command::new(assert_cmd::cargo::cargo_bin("ember"))
         .args(["info", "--device", "cpu"])

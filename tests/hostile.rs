@@ -507,3 +507,26 @@ fn imported_batch_norm_variances_below_zero_are_refused_and_missing_counters_are
         "{counters:?}"
     );
 }
+
+/// The kernels' switches are checked by the binary: one line, not a panic in the first kernel.
+#[test]
+fn misspelt_kernel_switches_are_one_line_errors() {
+    for (var, value, expected) in [
+        ("EMBER_SIMD", "avx1024", "EMBER_SIMD=\"avx1024\": expected `auto`"),
+        ("EMBER_KERNELS", "fast", "EMBER_KERNELS=\"fast\": expected `cpu`"),
+    ] {
+        fails_with(
+            ember().env(var, value).args(["info", "--device", "cpu"]),
+            &[expected],
+        );
+    }
+    let stdout = succeeds(
+        ember()
+            .env("EMBER_SIMD", "portable")
+            .args(["info", "--device", "cpu"]),
+    );
+    assert!(
+        stdout.contains("vector instructions: portable (EMBER_SIMD)"),
+        "{stdout}"
+    );
+}

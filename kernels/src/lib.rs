@@ -63,35 +63,108 @@ impl Conv2dOptions {
     }
 }
 
-/// What `EMBER_KERNELS` selects: `cpu` (the default) runs the kernels on flex, `stock` runs
-/// burn's stock ops everywhere, for before/after measurements in one binary.
+/// `EMBER_KERNELS`: `cpu` (the default) runs the kernels on flex, `stock` runs burn's stock
+/// ops everywhere, for before/after measurements in one binary.
+fn kernels_setting() -> Result<bool, String> {
+    match std::env::var("EMBER_KERNELS") {
+        Err(std::env::VarError::NotPresent) => Ok(true),
+        Ok(v) if v == "cpu" => Ok(true),
+        Ok(v) if v == "stock" => Ok(false),
+        Ok(v) => Err(format!(
+            "EMBER_KERNELS={v:?}: expected `cpu` (ember's kernels, the default) or `stock` (burn's ops)"
+        )),
+        Err(e) => Err(format!("EMBER_KERNELS: {e}")),
+    }
+}
+
+/// Which vector instructions ember's CPU kernels use (`EMBER_SIMD`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Simd {
+    /// AVX-512F where the CPU has it (detected at run time), else the portable loops (default,
+    /// `EMBER_SIMD=auto`).
+    Auto,
+    /// The portable loops even on an AVX-512 CPU (`EMBER_SIMD=portable`): to test them there.
+    Portable,
+}
+
+fn simd_from_env() -> Result<Simd, String> {
+    match std::env::var("EMBER_SIMD") {
+        Err(std::env::VarError::NotPresent) => Ok(Simd::Auto),
+        Ok(v) if v == "auto" => Ok(Simd::Auto),
+        Ok(v) if v == "portable" => Ok(Simd::Portable),
+        Ok(v) => Err(format!(
+            "EMBER_SIMD={v:?}: expected `auto` (AVX-512 where the CPU has it, the default) or `portable`"
+        )),
+        Err(e) => Err(format!("EMBER_SIMD: {e}")),
+    }
+}
+
+/// The environment's kernel switches (`EMBER_KERNELS`, `EMBER_SIMD`), checked: a binary calls
+/// this first and reports the error in one line, where the kernels themselves would panic.
+pub fn check_env() -> Result<(), String> {
+    kernels_setting()?;
+    simd_from_env()?;
+    Ok(())
+}
+
+/// `EMBER_SIMD`, read once.
 ///
 /// # Panics
-/// On any other value: a misspelt switch must not silently measure the wrong thing.
+/// On a value other than `auto` or `portable` (see [`check_env`]): a misspelt switch must not
+/// silently test or measure the wrong loops.
+pub fn simd_setting() -> Simd {
+    static SIMD: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
+    *SIMD.get_or_init(|| simd_from_env().unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// The vector instructions the CPU kernels run on this machine: `avx512f` or `portable`.
+pub fn simd_in_use() -> &'static str {
+    if cpu::simd_avx512() {
+        "avx512f"
+    } else {
+        "portable"
+    }
+}
+
+/// Whether ember's kernels run (rather than burn's stock ops): `EMBER_KERNELS`, read once.
+///
+/// # Panics
+/// On a value other than `cpu` or `stock` (see [`check_env`]): a misspelt switch must not
+/// silently measure the wrong thing.
 pub fn kernels_enabled() -> bool {
     static ENABLED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ENABLED.get_or_init(|| match std::env::var("EMBER_KERNELS") {
-        Err(std::env::VarError::NotPresent) => true,
-        Ok(v) if v == "cpu" => true,
-        Ok(v) if v == "stock" => false,
-        Ok(v) => panic!(
-            "EMBER_KERNELS={v:?}: expected `cpu` (ember's kernels, the default) or `stock` (burn's ops)"
-        ),
-        Err(e) => panic!("EMBER_KERNELS: {e}"),
-    })
+    *ENABLED.get_or_init(|| kernels_setting().unwrap_or_else(|e| panic!("{e}")))
 }
 
 /// Whether backend `B` runs ember's CPU kernels (rather than burn's stock ops) for `f32`
-/// tensors.
+/// tensors: `Flex` and `Autodiff<Flex>` (burn's default, no checkpointing). Autodiff over flex
+/// with another checkpointing strategy runs burn's ops, and says so once on stderr rather than
+/// silently training several times slower.
 pub fn uses_cpu_kernels<B: Backend>() -> bool {
     #[cfg(feature = "flex")]
     {
-        (flex::is_flex::<B>() || flex::is_autodiff_flex::<B>()) && kernels_enabled()
+        let served = flex::is_flex::<B>() || flex::is_autodiff_flex::<B>();
+        if !served && kernels_enabled() && other_autodiff_flex(std::any::type_name::<B>()) {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                eprintln!(
+                    "ember: {} runs burn's stock ops: ember's CPU kernels serve Autodiff<Flex> without checkpointing",
+                    std::any::type_name::<B>()
+                )
+            });
+        }
+        served && kernels_enabled()
     }
     #[cfg(not(feature = "flex"))]
     {
         false
     }
+}
+
+/// Whether a backend's type name is burn's autodiff over flex (any checkpointing strategy).
+#[cfg(feature = "flex")]
+fn other_autodiff_flex(name: &str) -> bool {
+    name.starts_with("burn_autodiff::backend::Autodiff<burn_flex::")
 }
 
 /// Whether `B` is flex itself (not under autodiff).

@@ -448,3 +448,16 @@ fn batch_norm_at_resnet_shapes_matches_burn() {
     check_batch_norm(8, 16, 28, 28, true, 1);
     check_batch_norm(8, 32, 14, 14, false, 2);
 }
+
+/// Autodiff over flex with another checkpointing strategy is told apart from the one the
+/// kernels serve (it runs burn's ops, and says so), by the type name the check reads.
+#[test]
+fn other_checkpointing_is_not_served_silently() {
+    use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
+    type Balanced = Autodiff<Flex, BalancedCheckpointing>;
+    assert!(!ember_kernels::uses_cpu_kernels::<Balanced>());
+    assert!(std::any::type_name::<Balanced>().starts_with("burn_autodiff::backend::Autodiff<burn_flex::"));
+    if ember_kernels::kernels_enabled() {
+        assert!(ember_kernels::uses_cpu_kernels::<Autodiff<Flex>>());
+    }
+}

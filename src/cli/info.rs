@@ -25,6 +25,15 @@ pub fn run(args: InfoArgs) -> Result<()> {
     println!("burn 0.21.0");
     println!("compiled backends: {}", backend::compiled().join(", "));
     println!("cpu threads: {}", backend::cpu_threads());
+    println!(
+        "cpu kernels: {} (EMBER_KERNELS), vector instructions: {} (EMBER_SIMD)",
+        if ember_kernels::kernels_enabled() {
+            "ember's"
+        } else {
+            "burn's stock ops"
+        },
+        ember_kernels::simd_in_use()
+    );
     println!("models (--model):");
     for model in crate::registry::global().models() {
         let aliases = model.aliases();

@@ -179,6 +179,10 @@ pub fn main_with(registry: crate::registry::Registry) -> ! {
     crate::run::mark_process_start();
     crate::memory::keep_freed_memory();
     crate::registry::install(registry);
+    if let Err(e) = ember_kernels::check_env() {
+        eprintln!("Error: {}", crate::files::printable(&e));
+        std::process::exit(1);
+    }
     let cli = <Cli as Parser>::parse();
     if let Err(err) = run(cli) {
         // One line whatever a file or folder name holds: control characters escaped.

@@ -110,61 +110,81 @@ fn source(p: usize, pad: usize, size: usize, mode: PadMode) -> Option<usize> {
     }
 }
 
-/// Copies `src` into `dst` (same length) in 8-float blocks: the rows here are 7 to 30 floats,
-/// too short for a `memcpy` call to pay off. `WIDE`: with AVX-512 masked operations instead
-/// (the caller has checked the CPU and runs with the feature enabled).
-#[inline(always)]
-fn copy_row<const WIDE: bool>(dst: &mut [f32], src: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if WIDE {
-        // SAFETY: `WIDE` is only instantiated behind a check for AVX-512F.
-        return unsafe { super::simd::copy_row(dst, src) };
+/// How the row loops below copy and add short rows: [`Portable`] loops, or AVX-512F masked
+/// operations through the [`Avx512`](super::simd::Avx512) token, which only a CPU with the
+/// feature yields. Each is safe to call with any slices (lengths are checked).
+trait Rows: Copy {
+    /// `dst = src` (same length).
+    fn copy_row(self, dst: &mut [f32], src: &[f32]);
+    /// `dst += src` (same length).
+    fn add_row(self, dst: &mut [f32], src: &[f32]);
+}
+
+/// The loops any x86-64 (or other) CPU runs.
+#[derive(Clone, Copy, Debug)]
+struct Portable;
+
+impl Rows for Portable {
+    /// Copies in 8-float blocks: the rows here are 7 to 30 floats, too short for a `memcpy`
+    /// call to pay off.
+    #[inline(always)]
+    fn copy_row(self, dst: &mut [f32], src: &[f32]) {
+        assert_eq!(dst.len(), src.len(), "copy_row: lengths");
+        let len = dst.len();
+        if len < 8 {
+            dst.copy_from_slice(src);
+            return;
+        }
+        let (mut d, mut s) = (dst.chunks_exact_mut(8), src.chunks_exact(8));
+        for (d, s) in (&mut d).zip(&mut s) {
+            d.copy_from_slice(s);
+        }
+        if len % 8 != 0 {
+            // The last 8 floats once more, overlapping the blocks above: one vector copy instead
+            // of up to seven scalar ones (flashlight's 14-float rows had six).
+            dst[len - 8..].copy_from_slice(&src[len - 8..]);
+        }
     }
-    assert_eq!(dst.len(), src.len(), "copy_row: lengths");
-    let len = dst.len();
-    if len < 8 {
-        dst.copy_from_slice(src);
-        return;
-    }
-    let (mut d, mut s) = (dst.chunks_exact_mut(8), src.chunks_exact(8));
-    for (d, s) in (&mut d).zip(&mut s) {
-        d.copy_from_slice(s);
-    }
-    if len % 8 != 0 {
-        // The last 8 floats once more, overlapping the blocks above: one vector copy instead
-        // of up to seven scalar ones (flashlight's 14-float rows had six).
-        dst[len - 8..].copy_from_slice(&src[len - 8..]);
+
+    #[inline(always)]
+    fn add_row(self, dst: &mut [f32], src: &[f32]) {
+        assert_eq!(dst.len(), src.len(), "add_row: lengths");
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d += s;
+        }
     }
 }
 
-/// `dst += src` (same length); `WIDE` as in [`copy_row`].
-#[inline(always)]
-fn add_row<const WIDE: bool>(dst: &mut [f32], src: &[f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if WIDE {
-        // SAFETY: as in `copy_row`.
-        return unsafe { super::simd::add_row(dst, src) };
+#[cfg(target_arch = "x86_64")]
+impl Rows for super::simd::Avx512 {
+    #[inline(always)]
+    fn copy_row(self, dst: &mut [f32], src: &[f32]) {
+        super::simd::Avx512::copy_row(self, dst, src)
     }
-    for (d, &s) in dst.iter_mut().zip(src) {
-        *d += s;
+
+    #[inline(always)]
+    fn add_row(self, dst: &mut [f32], src: &[f32]) {
+        super::simd::Avx512::add_row(self, dst, src)
     }
 }
 
-/// Runs `$name::<true>` inside a function compiled with AVX-512F when the CPU has it, else
-/// `$name::<false>`. The `WIDE` bodies hold their row loops directly (no closures passed to
-/// other functions), so the AVX-512 row operations inline into them.
+/// Runs `$name(cpu, ..)` inside a function compiled with AVX-512F when the CPU has it (`cpu`
+/// the token that proves it), else `$name(Portable, ..)`. The row functions hold their loops
+/// directly (no closures passed to other functions), so the AVX-512 row operations inline
+/// into them.
 macro_rules! dispatch_wide {
     ($name:ident($($arg:ident: $ty:ty),*)) => {{
         #[cfg(target_arch = "x86_64")]
-        if super::simd::avx512() {
+        if let Some(cpu) = super::simd::Avx512::detect() {
             #[target_feature(enable = "avx512f")]
-            unsafe fn wide($($arg: $ty),*) {
-                $name::<true>($($arg),*)
+            fn wide(cpu: super::simd::Avx512, $($arg: $ty),*) {
+                $name(cpu, $($arg),*)
             }
-            // SAFETY: the CPU runs AVX-512F.
-            return unsafe { wide($($arg),*) };
+            // SAFETY: calling a function compiled for AVX-512F needs a CPU that runs it, which
+            // `cpu` proves.
+            return unsafe { wide(cpu, $($arg),*) };
         }
-        $name::<false>($($arg),*)
+        $name(Portable, $($arg),*)
     }};
 }
 
@@ -190,7 +210,7 @@ fn pad_image(s: &ConvShape, x: &[f32], padded: &mut [f32]) {
 }
 
 #[inline(always)]
-fn pad_image_rows<const WIDE: bool>(s: &ConvShape, x: &[f32], padded: &mut [f32]) {
+fn pad_image_rows<R: Rows>(ops: R, s: &ConvShape, x: &[f32], padded: &mut [f32]) {
     let (ph_n, pw_n) = padded_size(s);
     for (plane, dst) in x
         .chunks_exact(s.in_h * s.in_w)
@@ -209,7 +229,7 @@ fn pad_image_rows<const WIDE: bool>(s: &ConvShape, x: &[f32], padded: &mut [f32]
             };
             row[..pw].fill(left);
             row[pw + s.in_w..].fill(right);
-            copy_row::<WIDE>(&mut row[pw..pw + s.in_w], src);
+            ops.copy_row(&mut row[pw..pw + s.in_w], src);
         }
     }
 }
@@ -221,7 +241,7 @@ fn unfold(s: &ConvShape, padded: &[f32], col: &mut [f32]) {
 }
 
 #[inline(always)]
-fn unfold_rows<const WIDE: bool>(s: &ConvShape, padded: &[f32], col: &mut [f32]) {
+fn unfold_rows<R: Rows>(ops: R, s: &ConvShape, padded: &[f32], col: &mut [f32]) {
     let (oh_n, ow_n, [kh_n, kw_n], [sh, sw]) = (s.out_h(), s.out_w(), s.kernel, s.stride);
     let (ph_n, pw_n) = padded_size(s);
     let mut rows = col.chunks_exact_mut(oh_n * ow_n);
@@ -232,7 +252,7 @@ fn unfold_rows<const WIDE: bool>(s: &ConvShape, padded: &[f32], col: &mut [f32])
                 for (oh, dst) in row.chunks_exact_mut(ow_n).enumerate() {
                     let src = &plane[(oh * sh + kh) * pw_n + kw..];
                     if sw == 1 {
-                        copy_row::<WIDE>(dst, &src[..ow_n]);
+                        ops.copy_row(dst, &src[..ow_n]);
                     } else {
                         for (d, &v) in dst.iter_mut().zip(src.iter().step_by(sw)) {
                             *d = v;
@@ -265,7 +285,7 @@ fn fold(s: &ConvShape, col: &[f32], padded: &mut [f32]) {
 }
 
 #[inline(always)]
-fn fold_rows<const WIDE: bool>(s: &ConvShape, col: &[f32], padded: &mut [f32]) {
+fn fold_rows<R: Rows>(ops: R, s: &ConvShape, col: &[f32], padded: &mut [f32]) {
     let (oh_n, ow_n, [kh_n, kw_n], [sh, sw]) = (s.out_h(), s.out_w(), s.kernel, s.stride);
     let (ph_n, pw_n) = padded_size(s);
     padded.fill(0.0);
@@ -277,7 +297,7 @@ fn fold_rows<const WIDE: bool>(s: &ConvShape, col: &[f32], padded: &mut [f32]) {
                 for (oh, src) in row.chunks_exact(ow_n).enumerate() {
                     let dst = &mut plane[(oh * sh + kh) * pw_n + kw..];
                     if sw == 1 {
-                        add_row::<WIDE>(&mut dst[..ow_n], src);
+                        ops.add_row(&mut dst[..ow_n], src);
                     } else {
                         for (d, &v) in dst.iter_mut().step_by(sw).zip(src) {
                             *d += v;
@@ -297,7 +317,7 @@ fn unpad(s: &ConvShape, padded: &[f32], dx: &mut [f32]) {
 }
 
 #[inline(always)]
-fn unpad_rows<const WIDE: bool>(s: &ConvShape, padded: &[f32], dx: &mut [f32]) {
+fn unpad_rows<R: Rows>(ops: R, s: &ConvShape, padded: &[f32], dx: &mut [f32]) {
     let (ph_n, pw_n) = padded_size(s);
     let [ph, pw] = s.padding;
     for (plane, dst) in padded
@@ -305,7 +325,7 @@ fn unpad_rows<const WIDE: bool>(s: &ConvShape, padded: &[f32], dx: &mut [f32]) {
         .zip(dx.chunks_exact_mut(s.in_h * s.in_w))
     {
         for ih in 0..s.in_h {
-            copy_row::<WIDE>(
+            ops.copy_row(
                 &mut dst[ih * s.in_w..][..s.in_w],
                 &plane[(ih + ph) * pw_n + pw..][..s.in_w],
             );
@@ -362,6 +382,9 @@ pub fn conv2d_forward(
     assert_eq!(x.len(), s.batch * s.in_image(), "conv2d: input length");
     assert_eq!(weight.len(), s.weight_len(), "conv2d: weight length");
     assert_eq!(out.len(), s.batch * s.out_image(), "conv2d: output length");
+    if let Some(bias) = bias {
+        assert_eq!(bias.len(), s.out_channels, "conv2d: bias length");
+    }
     let (patch, pixels) = (s.patch(), s.pixels());
     let image = |(x, out): (&[f32], &mut [f32])| {
         if let Some(bias) = bias {
@@ -603,6 +626,32 @@ pub fn conv2d_backward(
 mod tests {
     use super::*;
 
+    /// A bias of the wrong length was truncated (or left channels without one) by `zip`.
+    #[test]
+    #[should_panic(expected = "conv2d: bias length")]
+    fn a_bias_of_the_wrong_length_is_refused() {
+        let s = ConvShape {
+            batch: 1,
+            in_channels: 1,
+            in_h: 4,
+            in_w: 4,
+            out_channels: 3,
+            kernel: [3, 3],
+            stride: [1, 1],
+            padding: [0, 0],
+            mode: PadMode::Zeros,
+        };
+        let mut out = vec![0.0; s.out_image()];
+        conv2d_forward(
+            &s,
+            &[0.0; 16],
+            &vec![0.0; s.weight_len()],
+            Some(&[1.0, 2.0]),
+            false,
+            &mut out,
+        );
+    }
+
     /// Direct convolution in f64: the definition, for checking the kernels.
     fn reference(s: &ConvShape, x: &[f32], w: &[f32], b: &[f32]) -> Vec<f64> {
         let (oh_n, ow_n) = (s.out_h(), s.out_w());
@@ -675,9 +724,9 @@ mod tests {
     /// longer than a vector (im2col, col2im, padding both ways, stride 1 and 2).
     #[test]
     #[cfg(target_arch = "x86_64")]
-    fn wide_rows_match_the_portable_ones() {
-        if !super::super::simd::avx512() {
-            eprintln!("skipped: this CPU has no AVX-512F");
+    fn wide_opsmatch_the_portable_ones() {
+        if super::super::simd::Avx512::detect().is_none() {
+            eprintln!("skipped: this CPU has no AVX-512F (or EMBER_SIMD=portable)");
             return;
         }
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
@@ -705,18 +754,18 @@ mod tests {
                             vec![1.0; s.in_channels * ph_n * pw_n],
                             vec![2.0; s.in_channels * ph_n * pw_n],
                         );
-                        pad_image_rows::<false>(&s, &x, &mut p1);
+                        pad_image_rows(Portable, &s, &x, &mut p1);
                         pad_image(&s, &x, &mut p2);
                         assert_eq!(bits(&p1), bits(&p2), "pad {s:?}");
                         let (mut c1, mut c2) = (vec![1.0; c.len()], vec![2.0; c.len()]);
-                        unfold_rows::<false>(&s, &p1, &mut c1);
+                        unfold_rows(Portable, &s, &p1, &mut c1);
                         unfold(&s, &p1, &mut c2);
                         assert_eq!(bits(&c1), bits(&c2), "unfold {s:?}");
-                        fold_rows::<false>(&s, &c, &mut p1);
+                        fold_rows(Portable, &s, &c, &mut p1);
                         fold(&s, &c, &mut p2);
                         assert_eq!(bits(&p1), bits(&p2), "fold {s:?}");
                         let (mut d1, mut d2) = (vec![1.0; x.len()], vec![2.0; x.len()]);
-                        unpad_rows::<false>(&s, &p1, &mut d1);
+                        unpad_rows(Portable, &s, &p1, &mut d1);
                         unpad(&s, &p1, &mut d2);
                         assert_eq!(bits(&d1), bits(&d2), "unpad {s:?}");
                     }

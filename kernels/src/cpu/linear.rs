@@ -93,6 +93,9 @@ pub fn linear_forward(s: &LinearShape, x: &[f32], w: &[f32], b: Option<&[f32]>, 
     assert_eq!(x.len(), s.batch * s.inputs, "linear: input length");
     assert_eq!(w.len(), s.inputs * s.outputs, "linear: weight length");
     assert_eq!(y.len(), s.batch * s.outputs, "linear: output length");
+    if let Some(b) = b {
+        assert_eq!(b.len(), s.outputs, "linear: bias length");
+    }
     let (n, k) = (s.outputs, s.inputs);
     // y[:, block]^T = w[:, block]^T . x^T: the weight block is gemm's left operand in the
     // column-major layout gemm packs from contiguous reads, x^T its narrow right operand.
@@ -236,6 +239,18 @@ pub fn linear_backward(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bias of the wrong length was truncated by `zip`.
+    #[test]
+    #[should_panic(expected = "linear: bias length")]
+    fn a_bias_of_the_wrong_length_is_refused() {
+        let s = LinearShape {
+            batch: 2,
+            inputs: 3,
+            outputs: 4,
+        };
+        linear_forward(&s, &[0.0; 6], &[0.0; 12], Some(&[1.0; 3]), false, &mut [0.0; 8]);
+    }
 
     #[test]
     fn split_covers_the_range_in_aligned_blocks() {

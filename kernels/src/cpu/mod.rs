@@ -12,6 +12,11 @@ pub mod peak;
 pub mod pool;
 mod simd;
 
+/// Whether the AVX-512 paths run here (the CPU has AVX-512F, `EMBER_SIMD` is not `portable`).
+pub(crate) fn simd_avx512() -> bool {
+    simd::avx512()
+}
+
 /// Output length of a window of `kernel` moved by `stride` over `size` padded by `pad` on each
 /// side (floor rounding), or `None` when the window does not fit or cannot move.
 pub(crate) fn out_len(size: usize, kernel: usize, stride: usize, pad: usize) -> Option<usize> {
@@ -29,13 +34,10 @@ pub(crate) fn zeroed<T: Copy + Default + Send>(len: usize) -> Vec<T> {
     if len < 2 * block {
         return vec![T::default(); len];
     }
-    let mut v = Vec::with_capacity(len);
-    v.spare_capacity_mut()[..len]
-        .par_chunks_mut(block)
-        .for_each(|c| c.fill(std::mem::MaybeUninit::new(T::default())));
-    // SAFETY: the capacity is at least `len` and the loop above wrote each of the first `len`.
-    unsafe { v.set_len(len) };
-    v
+    // rayon's indexed collect writes the pieces in place, in parallel, without zeroing first.
+    rayon::iter::repeat_n(T::default(), len)
+        .with_min_len(block)
+        .collect()
 }
 
 /// One single-threaded GEMM on row-major slices: `dst[m, n] (+)= lhs[m, k] . rhs[k, n]`, each
@@ -57,33 +59,42 @@ pub(crate) struct Gemm<'a> {
     pub rhs_cs: usize,
 }
 
-/// The last element `rows x cols` addressed with strides `rs`, `cs` touches, plus one.
-fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> usize {
+/// The last element `rows x cols` addressed with strides `rs`, `cs` touches, plus one; `None`
+/// when that overflows `usize` (no slice is that long).
+fn extent(rows: usize, cols: usize, rs: usize, cs: usize) -> Option<usize> {
     if rows == 0 || cols == 0 {
-        0
-    } else {
-        (rows - 1) * rs + (cols - 1) * cs + 1
+        return Some(0);
     }
+    (rows - 1)
+        .checked_mul(rs)?
+        .checked_add((cols - 1).checked_mul(cs)?)?
+        .checked_add(1)
 }
 
 pub(crate) fn gemm(g: Gemm<'_>) {
     assert!(
-        extent(g.m, g.n, g.dst_rs, g.dst_cs) <= g.dst.len(),
+        extent(g.m, g.n, g.dst_rs, g.dst_cs).is_some_and(|e| e <= g.dst.len()),
         "gemm: dst too short"
     );
     assert!(
-        extent(g.m, g.k, g.lhs_rs, g.lhs_cs) <= g.lhs.len(),
+        extent(g.m, g.k, g.lhs_rs, g.lhs_cs).is_some_and(|e| e <= g.lhs.len()),
         "gemm: lhs too short"
     );
     assert!(
-        extent(g.k, g.n, g.rhs_rs, g.rhs_cs) <= g.rhs.len(),
+        extent(g.k, g.n, g.rhs_rs, g.rhs_cs).is_some_and(|e| e <= g.rhs.len()),
         "gemm: rhs too short"
+    );
+    let strides = [g.dst_rs, g.dst_cs, g.lhs_rs, g.lhs_cs, g.rhs_rs, g.rhs_cs];
+    assert!(
+        strides.iter().all(|&s| isize::try_from(s).is_ok()),
+        "gemm: a stride past isize::MAX"
     );
     if g.m == 0 || g.n == 0 {
         return;
     }
-    // SAFETY: the asserts above keep every address the strides reach inside its slice, and
-    // `dst` is a unique borrow that aliases neither operand.
+    // SAFETY: the asserts above keep every address the strides reach inside its slice (the
+    // extents are computed without overflow) and every stride representable as the `isize`
+    // the call takes; `dst` is a unique borrow that aliases neither operand.
     unsafe {
         gemm::gemm(
             g.m,
@@ -165,13 +176,73 @@ pub(crate) mod scratch {
     /// Runs `f` on this thread's scratch buffer `slot` (0 to 3) of at least `len` elements,
     /// kept between calls so that steady-state steps allocate nothing. Its contents are
     /// whatever the last user left.
+    ///
+    /// Re-entrant: `f` may run rayon work (`linear_backward` holds a slot across a `par_iter`),
+    /// and a thread waiting in it can steal a job that asks for the same slot; that call gets
+    /// a buffer of its own instead of a `BorrowMutError` panic.
     pub fn with_scratch<R>(slot: usize, len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-        SLOTS.with(|slots| {
-            let mut buf = slots[slot].borrow_mut();
+        let mut f = Some(f);
+        let kept = SLOTS.with(|slots| {
+            let Ok(mut buf) = slots[slot].try_borrow_mut() else {
+                return None;
+            };
             if buf.len() < len {
                 buf.resize(len, 0.0);
             }
-            f(&mut buf[..len])
-        })
+            Some((f.take().expect("not yet called"))(&mut buf[..len]))
+        });
+        match kept {
+            Some(result) => result,
+            None => (f.take().expect("not yet called"))(&mut vec![0.0; len]),
+        }
+    }
+
+    #[cfg(test)]
+    #[test]
+    fn a_slot_in_use_on_this_thread_gives_a_buffer_of_its_own() {
+        let out = with_scratch(2, 4, |outer| {
+            outer.fill(1.0);
+            let inner = with_scratch(2, 3, |inner| {
+                inner.fill(2.0);
+                inner.iter().sum::<f32>()
+            });
+            (outer.iter().sum::<f32>(), inner)
+        });
+        assert_eq!(out, (4.0, 6.0));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Strides whose extent wraps around `usize` (in release builds, silently) are refused
+    /// before the unsafe call: `2 * (usize::MAX / 2 + 1)` wrapped to 0 and passed the check.
+    #[test]
+    fn gemm_refuses_strides_whose_extent_overflows() {
+        assert_eq!(extent(2, 3, 3, 1), Some(6));
+        assert_eq!(extent(0, 3, usize::MAX, 1), Some(0));
+        assert_eq!(extent(3, 1, usize::MAX / 2 + 1, 1), None);
+        let huge = usize::MAX / 2 + 1;
+        let wrapped = std::panic::catch_unwind(|| {
+            let mut dst = [0f32; 4];
+            gemm(Gemm {
+                m: 3,
+                n: 1,
+                k: 1,
+                dst: &mut dst,
+                dst_rs: huge,
+                dst_cs: 1,
+                accumulate: false,
+                lhs: &[1.0; 3],
+                lhs_rs: 1,
+                lhs_cs: 1,
+                rhs: &[1.0],
+                rhs_rs: 1,
+                rhs_cs: 1,
+            })
+        });
+        let message = wrapped.unwrap_err();
+        assert_eq!(message.downcast_ref::<&str>(), Some(&"gemm: dst too short"));
     }
 }

@@ -124,9 +124,8 @@ fn pool_2x2(in_w: usize, x: &[f32], out: &mut [f32], argmax: &mut [u32], ow_n: u
         let bottom = &x[(2 * oh + 1) * in_w..][..in_w];
         let (base, w) = ((2 * oh * in_w) as u32, in_w as u32);
         #[cfg(target_arch = "x86_64")]
-        if super::simd::avx512() {
-            // SAFETY: the CPU runs AVX-512F.
-            unsafe { super::simd::pool_2x2_row(top, bottom, base, w, out, argmax) };
+        if let Some(cpu) = super::simd::Avx512::detect() {
+            cpu.pool_2x2_row(top, bottom, base, w, out, argmax);
             continue;
         }
         pool_2x2_row(top, bottom, base, w, out, argmax);
@@ -179,10 +178,10 @@ mod tests {
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn wide_2x2_row_matches_the_portable_one() {
-        if !super::super::simd::avx512() {
-            eprintln!("skipped: this CPU has no AVX-512F");
+        let Some(cpu) = super::super::simd::Avx512::detect() else {
+            eprintln!("skipped: this CPU has no AVX-512F (or EMBER_SIMD=portable)");
             return;
-        }
+        };
         let special = [
             0.0,
             -0.0,
@@ -210,17 +209,7 @@ mod tests {
                 let (mut o1, mut a1) = (vec![0.0; n], vec![0u32; n]);
                 let (mut o2, mut a2) = (vec![0.0; n], vec![0u32; n]);
                 pool_2x2_row(&top, &bottom, 7 * in_w as u32, in_w as u32, &mut o1, &mut a1);
-                // SAFETY: checked above.
-                unsafe {
-                    super::super::simd::pool_2x2_row(
-                        &top,
-                        &bottom,
-                        7 * in_w as u32,
-                        in_w as u32,
-                        &mut o2,
-                        &mut a2,
-                    )
-                };
+                cpu.pool_2x2_row(&top, &bottom, 7 * in_w as u32, in_w as u32, &mut o2, &mut a2);
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&o1), bits(&o2), "values, in_w {in_w}");
                 assert_eq!(a1, a2, "argmax, in_w {in_w}");

@@ -5,20 +5,81 @@
 //! [`avx512`]; other machines take the portable loops. Both give bit-identical results: the
 //! same operations on the same values in the same order, only several lanes at once.
 
-/// Whether this CPU runs AVX-512F (detected once by std, then a cached load).
+/// Whether the AVX-512 paths run: the CPU has AVX-512F and `EMBER_SIMD` is not `portable`.
 pub(crate) fn avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+    Avx512::detect().is_some()
+}
+
+/// Proof that this CPU runs AVX-512F: only [`Avx512::detect`] makes one (the field is private
+/// to this module), after std's run-time detection. Functions that take one may run AVX-512F
+/// instructions, so their safe signatures cannot be misused: without the CPU there is no
+/// token to pass.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Avx512 {
+    _proof: (),
+}
+
+impl Avx512 {
+    /// A token when the CPU runs AVX-512F and `EMBER_SIMD` does not ask for the portable loops.
+    pub(crate) fn detect() -> Option<Self> {
+        if crate::simd_setting() == crate::Simd::Portable {
+            return None;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx512f") {
+            return Some(Self { _proof: () });
+        }
+        None
     }
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use x86::*;
+impl Avx512 {
+    /// `dst = src` (same length) with masked 16-lane operations.
+    #[inline(always)]
+    pub(crate) fn copy_row(self, dst: &mut [f32], src: &[f32]) {
+        // SAFETY: `self` exists only on a CPU with AVX-512F.
+        unsafe { x86::copy_row(dst, src) }
+    }
+
+    /// `dst += src` (same length) with masked 16-lane operations.
+    #[inline(always)]
+    pub(crate) fn add_row(self, dst: &mut [f32], src: &[f32]) {
+        // SAFETY: as in `copy_row`.
+        unsafe { x86::add_row(dst, src) }
+    }
+
+    /// [`x86::pool_2x2_row`].
+    #[inline(always)]
+    pub(crate) fn pool_2x2_row(
+        self,
+        top: &[f32],
+        bottom: &[f32],
+        base: u32,
+        in_w: u32,
+        out: &mut [f32],
+        argmax: &mut [u32],
+    ) {
+        // SAFETY: as in `copy_row`; the function checks its slices' lengths itself.
+        unsafe { x86::pool_2x2_row(top, bottom, base, in_w, out, argmax) }
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn the_environment_can_force_the_portable_loops() {
+    match crate::simd_setting() {
+        crate::Simd::Portable => assert!(Avx512::detect().is_none()),
+        #[cfg(target_arch = "x86_64")]
+        crate::Simd::Auto => assert_eq!(
+            Avx512::detect().is_some(),
+            std::is_x86_feature_detected!("avx512f")
+        ),
+        #[cfg(not(target_arch = "x86_64"))]
+        crate::Simd::Auto => assert!(Avx512::detect().is_none()),
+    }
+    eprintln!("vector instructions: {}", crate::simd_in_use());
+}
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -37,7 +98,7 @@ mod x86 {
     /// The CPU runs AVX-512F ([`super::avx512`]).
     #[target_feature(enable = "avx512f")]
     #[inline]
-    pub(crate) unsafe fn copy_row(dst: &mut [f32], src: &[f32]) {
+    pub(super) unsafe fn copy_row(dst: &mut [f32], src: &[f32]) {
         assert_eq!(dst.len(), src.len(), "copy_row: lengths");
         let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
         let mut i = 0;
@@ -56,7 +117,7 @@ mod x86 {
     /// The CPU runs AVX-512F.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    pub(crate) unsafe fn add_row(dst: &mut [f32], src: &[f32]) {
+    pub(super) unsafe fn add_row(dst: &mut [f32], src: &[f32]) {
         assert_eq!(dst.len(), src.len(), "add_row: lengths");
         let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
         let mut i = 0;
@@ -116,7 +177,7 @@ mod x86 {
     /// # Safety
     /// The CPU runs AVX-512F.
     #[target_feature(enable = "avx512f")]
-    pub(crate) unsafe fn pool_2x2_row(
+    pub(super) unsafe fn pool_2x2_row(
         top: &[f32],
         bottom: &[f32],
         base: u32,
