@@ -140,10 +140,29 @@ pub fn read(dir: &Path) -> Result<Vec<MetricsRow>, MetricsError> {
         .collect()
 }
 
-/// Draws loss and accuracy per epoch for one or several runs (`(name, rows)`) into `path`.
-pub fn draw_curves(path: &Path, runs: &[(String, Vec<MetricsRow>)]) -> Result<(), MetricsError> {
+/// The loss axis's label for runs trained with these label-smoothing factors.
+pub fn loss_label(smoothing: &[f64]) -> String {
+    match smoothing {
+        s if s.iter().all(|&v| v == 0.0) => "mean cross-entropy".into(),
+        [first, rest @ ..] if rest.iter().all(|v| v == first) => {
+            format!("mean cross-entropy, label smoothing {first}")
+        }
+        _ => "mean cross-entropy (label-smoothed where trained so)".into(),
+    }
+}
+
+/// Draws loss and accuracy per epoch for one or several runs (`(name, rows)`) into `path`,
+/// the loss axis labelled `loss_label`. One run: a colour per series (train, test, valid), the
+/// same in both panels. Several: a colour per run, test drawn with dots and train and valid as
+/// plain lines.
+pub fn draw_curves(
+    path: &Path,
+    runs: &[(String, Vec<MetricsRow>)],
+    loss_label: &str,
+) -> Result<(), MetricsError> {
+    let several = runs.len() > 1;
     let prefix = |name: &str, what: &str| {
-        if runs.len() > 1 {
+        if several {
             format!("{name} {what}")
         } else {
             what.to_string()
@@ -151,33 +170,35 @@ pub fn draw_curves(path: &Path, runs: &[(String, Vec<MetricsRow>)]) -> Result<()
     };
     let mut loss = Vec::new();
     let mut accuracy = Vec::new();
-    for (name, rows) in runs {
+    for (run, (name, rows)) in runs.iter().enumerate() {
         let points = |f: &dyn Fn(&MetricsRow) -> Option<f64>| -> Vec<(f64, f64)> {
             rows.iter()
                 .filter_map(|r| f(r).map(|v| (r.epoch as f64, v)))
                 .collect()
         };
-        loss.push(Line {
-            name: prefix(name, "train"),
-            points: points(&|r| Some(r.train_loss)),
-        });
-        loss.push(Line {
-            name: prefix(name, "test"),
-            points: points(&|r| Some(r.test_loss)),
-        });
-        accuracy.push(Line {
-            name: prefix(name, "test"),
-            points: points(&|r| Some(100.0 * r.test_accuracy)),
-        });
+        // (colour, dots) of a series: train 0, test 1, valid 2 for one run.
+        let style = |series: usize| {
+            if several {
+                (run, series == 1)
+            } else {
+                (series, true)
+            }
+        };
+        let line = |series: usize, what: &str, points: Vec<(f64, f64)>| {
+            let (colour, dots) = style(series);
+            Line {
+                name: prefix(name, what),
+                points,
+                colour,
+                dots,
+            }
+        };
+        loss.push(line(0, "train", points(&|r| Some(r.train_loss))));
+        loss.push(line(1, "test", points(&|r| Some(r.test_loss))));
+        accuracy.push(line(1, "test", points(&|r| Some(100.0 * r.test_accuracy))));
         if rows.iter().any(|r| r.valid_loss.is_some()) {
-            loss.push(Line {
-                name: prefix(name, "valid"),
-                points: points(&|r| r.valid_loss),
-            });
-            accuracy.push(Line {
-                name: prefix(name, "valid"),
-                points: points(&|r| r.valid_accuracy.map(|a| 100.0 * a)),
-            });
+            loss.push(line(2, "valid", points(&|r| r.valid_loss)));
+            accuracy.push(line(2, "valid", points(&|r| r.valid_accuracy.map(|a| 100.0 * a))));
         }
     }
     line_panels(
@@ -186,13 +207,15 @@ pub fn draw_curves(path: &Path, runs: &[(String, Vec<MetricsRow>)]) -> Result<()
         &[
             Panel {
                 title: "Loss".into(),
-                y_label: "mean NLL".into(),
+                y_label: loss_label.into(),
                 lines: loss,
+                legend_low: false,
             },
             Panel {
                 title: "Accuracy".into(),
                 y_label: "% correct".into(),
                 lines: accuracy,
+                legend_low: true,
             },
         ],
     )?;
@@ -201,6 +224,17 @@ pub fn draw_curves(path: &Path, runs: &[(String, Vec<MetricsRow>)]) -> Result<()
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_loss_axis_says_when_it_is_label_smoothed() {
+        use super::loss_label;
+        assert_eq!(loss_label(&[0.0]), "mean cross-entropy");
+        assert_eq!(loss_label(&[0.1, 0.1]), "mean cross-entropy, label smoothing 0.1");
+        assert_eq!(
+            loss_label(&[0.1, 0.0]),
+            "mean cross-entropy (label-smoothed where trained so)"
+        );
+    }
+
     #[test]
     fn a_damaged_metrics_file_is_an_error_not_an_empty_history() {
         let dir = tempfile::tempdir().unwrap();

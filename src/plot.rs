@@ -159,10 +159,13 @@ fn format_value(v: f64) -> String {
     }
 }
 
-/// One line: a name and (x, y) points.
+/// One line: a name and (x, y) points, drawn in [`PALETTE`]`[colour]` (so that a series keeps
+/// its colour from panel to panel), with dots on its points when `dots`.
 pub struct Line {
     pub name: String,
     pub points: Vec<(f64, f64)>,
+    pub colour: usize,
+    pub dots: bool,
 }
 
 /// Panels side by side, each with its own lines, sharing the x axis label.
@@ -170,6 +173,9 @@ pub struct Panel {
     pub title: String,
     pub y_label: String,
     pub lines: Vec<Line>,
+    /// The legend's corner: the upper right for falling curves (loss), the lower right for
+    /// rising ones (accuracy), where the curves are not at their ends.
+    pub legend_low: bool,
 }
 
 /// Line charts side by side in one PNG (e.g. loss and accuracy per epoch).
@@ -219,23 +225,31 @@ pub fn line_panels(path: &Path, x_label: &str, panels: &[Panel]) -> Result<(), P
             .label_style((FAMILY, 14))
             .draw()
             .map_err(|x| e(x.to_string()))?;
-        for (i, (line, points)) in panel.lines.iter().zip(&lines).enumerate() {
-            let color = PALETTE[i % PALETTE.len()];
+        for (line, points) in panel.lines.iter().zip(&lines) {
+            let color = PALETTE[line.colour % PALETTE.len()];
+            let width = if line.dots { 2 } else { 1 };
             chart
                 .draw_series(plotters::series::LineSeries::new(
                     points.iter().copied(),
-                    color.stroke_width(2),
+                    color.stroke_width(width),
                 ))
                 .map_err(|x| e(x.to_string()))?
                 .label(line.name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-            chart
-                .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                .map_err(|x| e(x.to_string()))?;
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(width)));
+            if line.dots {
+                chart
+                    .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                    .map_err(|x| e(x.to_string()))?;
+            }
         }
         chart
             .configure_series_labels()
-            .background_style(WHITE.mix(0.85))
+            .position(if panel.legend_low {
+                SeriesLabelPosition::LowerRight
+            } else {
+                SeriesLabelPosition::UpperRight
+            })
+            .background_style(WHITE.mix(0.7))
             .border_style(BLACK)
             .label_font((FAMILY, 14))
             .draw()
@@ -264,7 +278,10 @@ mod tests {
                 lines: vec![Line {
                     name: "train".into(),
                     points,
+                    colour: 0,
+                    dots: true,
                 }],
+                legend_low: false,
             };
             let result = line_panels(
                 &drawn,
@@ -332,7 +349,10 @@ mod tests {
                 lines: vec![Line {
                     name: "train".into(),
                     points: vec![(1.0, 0.3), (2.0, 0.1)],
+                    colour: 0,
+                    dots: true,
                 }],
+                legend_low: false,
             }],
         )
         .unwrap();

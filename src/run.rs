@@ -111,10 +111,11 @@ impl Output {
         }
     }
 
-    /// Steps between loss checks (each a device sync).
-    fn check_every(&self) -> usize {
+    /// Steps between loss checks (each a device sync) in epochs of `steps` steps: a progress
+    /// bar shows the loss every 10 steps, and at least once in a shorter epoch.
+    fn check_every(&self, steps: usize) -> usize {
         match (self.log_interval, self.bars) {
-            (0, true) => 10,
+            (0, true) => 10.min(steps.div_ceil(2)).max(1),
             (0, false) => 100,
             (n, _) => n,
         }
@@ -241,7 +242,7 @@ pub fn train<B: AutodiffBackend, M: Trainable<B>>(
         let mut reporter = StepReporter::new(config, splits.train.len(), &progress, out);
         let control = EpochControl {
             from: &progress,
-            check_every: out.check_every(),
+            check_every: out.check_every(steps),
             on_step: &mut |s| reporter.step(s),
             stop: &|| INTERRUPTED.load(Ordering::SeqCst),
         };
@@ -267,10 +268,16 @@ pub fn train<B: AutodiffBackend, M: Trainable<B>>(
         progress.finish_epoch(stats.steps);
         let (row, test) = finish_epoch(&model, splits, config, &progress, lr, &stats);
         rows.push(row);
-        write_metrics(run, &rows)?;
+        write_metrics(run, config, &rows)?;
         checkpoints.save(&model, &optim, &progress)?;
         if !out.quiet {
-            println!("{}", epoch_line(config, &rows[rows.len() - 1], &test));
+            // The rate over the epoch's steps: one-cycle moves it within an epoch.
+            let first = progress.global_step.saturating_sub(steps);
+            let rates = (first..progress.global_step).map(|g| schedule.at(progress.epoch - 1, g).lr);
+            let range = rates.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), lr| {
+                (lo.min(lr), hi.max(lr))
+            });
+            println!("{}", epoch_line(config, &rows[rows.len() - 1], range, &test));
         }
         let reached = config.target_accuracy.filter(|&t| 100.0 * test.accuracy() >= t);
         last = Some(test);
@@ -385,23 +392,30 @@ fn finish_epoch<B: AutodiffBackend, M: Trainable<B>>(
 }
 
 /// `metrics.csv` and `curves.png` of the run so far.
-fn write_metrics(run: &RunDir, rows: &[MetricsRow]) -> Result<(), RunError> {
+fn write_metrics(run: &RunDir, config: &TrainConfig, rows: &[MetricsRow]) -> Result<(), RunError> {
     metrics::write(&run.path, rows)?;
     let name = run
         .path
         .file_name()
         .map_or("run".into(), |n| n.to_string_lossy().to_string());
-    metrics::draw_curves(&run.path.join(CURVES_FILE), &[(name, rows.to_vec())])?;
+    let label = metrics::loss_label(&[config.label_smoothing]);
+    metrics::draw_curves(&run.path.join(CURVES_FILE), &[(name, rows.to_vec())], &label)?;
     Ok(())
 }
 
 /// The line printed after each epoch.
-fn epoch_line(config: &TrainConfig, row: &MetricsRow, test: &EvalStats) -> String {
+/// `lr` is the lowest and highest rate of the epoch's steps, shown as one value when they agree
+/// and as `lr LOW..HIGH` (its range over the epoch) when the schedule moved it.
+fn epoch_line(config: &TrainConfig, row: &MetricsRow, (low, high): (f64, f64), test: &EvalStats) -> String {
+    let lr = if !(low < high) || num(low, 6) == num(high, 6) {
+        num(row.lr, 6)
+    } else {
+        format!("{}..{}", num(low, 6), num(high, 6))
+    };
     let mut line = format!(
-        "epoch {:>3}/{}  lr {}  train loss {}",
+        "epoch {:>3}/{}  lr {lr}  train loss {}",
         row.epoch,
         config.epochs,
-        num(row.lr, 6),
         num(row.train_loss, 4)
     );
     if let (Some(loss), Some(accuracy)) = (row.valid_loss, row.valid_accuracy) {
@@ -423,6 +437,10 @@ fn epoch_line(config: &TrainConfig, row: &MetricsRow, test: &EvalStats) -> Strin
 struct StepReporter {
     bar: Option<ProgressBar>,
     out: Output,
+    /// When the first step of this process's part of the epoch ended, and the images seen then.
+    first: Option<(std::time::Instant, usize)>,
+    /// The last loss read, shown until the next.
+    loss: Option<f64>,
 }
 
 impl StepReporter {
@@ -430,25 +448,37 @@ impl StepReporter {
         let steps = train_len.div_ceil(config.batch_size);
         let bar = out.bars.then(|| {
             let bar = ProgressBar::new(steps as u64).with_style(
-                ProgressStyle::with_template(
-                    "epoch {prefix} [{bar:30}] {pos}/{len} {msg} {per_sec} eta {eta}",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
+                ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} steps {msg} eta {eta}")
+                    .expect("valid template")
+                    .progress_chars("=> "),
             );
             bar.set_prefix(format!("{}/{}", progress.epoch + 1, config.epochs));
             bar.set_position(progress.step_in_epoch as u64);
             bar
         });
-        Self { bar, out }
+        Self {
+            bar,
+            out,
+            first: None,
+            loss: None,
+        }
     }
 
     fn step(&mut self, s: StepInfo) {
         if let Some(bar) = &self.bar {
             bar.set_position(s.step as u64);
-            if let Some(loss) = s.loss {
-                bar.set_message(format!("loss {} |", num(loss, 4)));
+            self.loss = s.loss.or(self.loss);
+            // Images per second over the steps after the first (which may include warm-up).
+            let (t0, seen0) = *self.first.get_or_insert((std::time::Instant::now(), s.seen));
+            let elapsed = t0.elapsed().as_secs_f64();
+            let mut msg = String::new();
+            if let Some(loss) = self.loss {
+                msg += &format!("| loss {} ", num(loss, 4));
             }
+            if s.seen > seen0 && elapsed > 0.0 {
+                msg += &format!("| {:.0} images/s ", (s.seen - seen0) as f64 / elapsed);
+            }
+            bar.set_message(msg);
         } else if let (Some(loss), false, true) = (s.loss, self.out.quiet, self.out.log_interval > 0) {
             println!(
                 "train epoch {} [{}/{} ({:.0}%)] loss {}",

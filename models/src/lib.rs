@@ -109,10 +109,20 @@ pub struct DoesNotFit {
 
 impl core::fmt::Display for DoesNotFit {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        // The built-ins that adapt to other shapes, less this one (speedrun-net from 8x8).
+        let others: Vec<&str> = ["resnet20", "resnet18", "speedrun-net"]
+            .into_iter()
+            .filter(|m| *m != self.model)
+            .collect();
+        let others = match others.split_last() {
+            Some((last, [])) => last.to_string(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        };
         write!(
             f,
             "{} takes {} images and this dataset's are {}: use --channels {} --image-size {} to convert them, \
-             or a model that adapts to any (--model resnet20, resnet18 or speedrun-net)",
+             or a model that adapts to other shapes (--model {others})",
             self.model, self.takes, self.got, self.takes.channels, self.takes.height
         )
     }
@@ -203,4 +213,36 @@ pub(crate) mod test_util {
     use burn::backend::{Autodiff, NdArray};
     pub type TestBackend = NdArray<f32>;
     pub type TestAutodiff = Autodiff<TestBackend>;
+}
+
+#[cfg(test)]
+mod does_not_fit_tests {
+    use super::*;
+
+    /// A model never suggests itself (speedrun-net's size error said "or speedrun-net").
+    #[test]
+    fn the_suggested_models_leave_out_the_one_that_does_not_fit() {
+        let shape = |side| ImageShape {
+            channels: 1,
+            height: side,
+            width: side,
+        };
+        let err = DoesNotFit {
+            model: "speedrun-net".into(),
+            takes: shape(8),
+            got: shape(4),
+        }
+        .to_string();
+        assert!(err.ends_with("(--model resnet20 or resnet18)"), "{err}");
+        let err = DoesNotFit {
+            model: "lenet5".into(),
+            takes: shape(12),
+            got: shape(4),
+        }
+        .to_string();
+        assert!(
+            err.ends_with("(--model resnet20, resnet18 or speedrun-net)"),
+            "{err}"
+        );
+    }
 }

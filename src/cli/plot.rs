@@ -18,8 +18,12 @@ pub struct PlotArgs {
 
 pub fn run(args: PlotArgs) -> Result<()> {
     let mut runs = Vec::new();
+    let mut smoothing = Vec::new();
     for dir in &args.runs {
         let rows = crate::metrics::read(dir)?;
+        // The loss axis says whether it is label-smoothed (runs without config.json: not).
+        let config = crate::checkpoint::RunDir::open(dir).and_then(|r| r.load_config());
+        smoothing.push(config.map_or(0.0, |c| c.label_smoothing));
         let name = dir
             .file_name()
             .map_or(dir.display().to_string(), |n| n.to_string_lossy().to_string());
@@ -29,7 +33,7 @@ pub fn run(args: PlotArgs) -> Result<()> {
         [one] => one.join(crate::metrics::CURVES_FILE),
         _ => PathBuf::from(crate::metrics::CURVES_FILE),
     });
-    crate::metrics::draw_curves(&out, &runs)?;
+    crate::metrics::draw_curves(&out, &runs, &crate::metrics::loss_label(&smoothing))?;
     println!("{}", out.display());
     Ok(())
 }
