@@ -27,7 +27,9 @@ pub fn install_interrupt_handler() {
         if INTERRUPTED.swap(true, Ordering::SeqCst) {
             std::process::exit(130);
         }
-        eprintln!("\ninterrupt: finishing this step and writing a checkpoint (Ctrl-C again quits at once)");
+        eprintln!(
+            "\ninterrupt: stopping (in training: after this step, with a checkpoint); Ctrl-C again quits at once"
+        );
     });
 }
 
@@ -448,7 +450,8 @@ impl StepReporter {
         let steps = train_len.div_ceil(config.batch_size);
         let bar = out.bars.then(|| {
             let bar = ProgressBar::new(steps as u64).with_style(
-                ProgressStyle::with_template("epoch {prefix} [{bar:30}] {pos}/{len} steps {msg} eta {eta}")
+                // The bar takes the width the text leaves: one line on any terminal width.
+                ProgressStyle::with_template("epoch {prefix} [{wide_bar}] {pos}/{len} steps {msg}eta {eta}")
                     .expect("valid template")
                     .progress_chars("=> "),
             );

@@ -91,6 +91,7 @@ impl DataFlags {
             max_memory,
             memory_source,
             progress: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            stop: Some(&crate::run::INTERRUPTED),
         }
     }
 }

@@ -188,7 +188,8 @@ pub fn main_with(registry: crate::registry::Registry) -> ! {
         // One line whatever a file or folder name holds: control characters escaped.
         eprintln!("Error: {}", crate::files::printable(&format!("{err:#}")));
         // 128 + SIGINT, as a shell reports a process stopped by Ctrl-C.
-        let interrupted = matches!(err.downcast_ref(), Some(crate::run::RunError::Interrupted { .. }));
+        let interrupted = matches!(err.downcast_ref(), Some(crate::run::RunError::Interrupted { .. }))
+            || matches!(err.downcast_ref(), Some(crate::data::DataError::Interrupted));
         std::process::exit(if interrupted { 130 } else { 1 });
     }
     std::process::exit(0)

@@ -327,6 +327,9 @@ fn fresh(args: &TrainArgs) -> Result<()> {
         own_data: false,
     };
     let name = config.recipe.name();
+    // Ctrl-C or SIGTERM while the images are read stops reading, and the new run directory is
+    // removed (exit 130, as during training).
+    crate::run::install_interrupt_handler();
     let (config, run, _lock, data) = crate::tasks::start_run(
         config,
         args.run_dir.clone(),
@@ -350,6 +353,7 @@ fn resume(dir: &std::path::Path, args: &TrainArgs) -> Result<()> {
         let model = registry::global().get(c.model.name())?;
         Ok(c.check_input(|input| model.fits(input))?)
     };
+    crate::run::install_interrupt_handler();
     let (config, run, _lock, data) = crate::tasks::resume_run(dir, args.epochs, check, |c| {
         let device = backend::resolve(args.device)?;
         Ok(crate::data::load(

@@ -181,10 +181,18 @@ pub fn load(root: &Path, name: &str, options: &LoadOptions) -> Result<Data, Data
     let bar = options.progress.then(|| progress_bar(train.len() + test.len()));
     let decode = |entries: &mut Vec<Entry>, report: &mut LoadReport| -> Result<Split, DataError> {
         let mut images = vec![0u8; entries.len() * shape.len()];
+        let stopped = || {
+            options
+                .stop
+                .is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed))
+        };
         let results: Vec<Result<(), DataError>> = images
             .par_chunks_mut(shape.len())
             .zip(entries.par_iter())
             .map(|(out, e)| {
+                if stopped() {
+                    return Err(DataError::Interrupted);
+                }
                 let r = decode_into(&e.path, shape, options.max_image_pixels, out);
                 if let Some(bar) = &bar {
                     bar.inc(1);
@@ -192,6 +200,9 @@ pub fn load(root: &Path, name: &str, options: &LoadOptions) -> Result<Data, Data
                 r
             })
             .collect();
+        if stopped() {
+            return Err(DataError::Interrupted);
+        }
         // Compacts the buffer over the images that failed (skipped) or stops at the first.
         let mut good = 0;
         let mut kept = Vec::with_capacity(entries.len());
@@ -763,6 +774,29 @@ mod tests {
         assert_eq!(data.report.resized, 20);
         let again = load(root, "folder", &options).unwrap();
         assert_eq!(again.test, data.test);
+    }
+
+    /// The stop flag (set by the Ctrl-C/SIGTERM handler) ends decoding with `Interrupted`,
+    /// also under --skip-bad-images (where other errors are counted and skipped).
+    #[test]
+    fn a_stop_request_ends_decoding() {
+        static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+        let dir = tempfile::tempdir().unwrap();
+        for class in ["a", "b"] {
+            for i in 0..3 {
+                png(&dir.path().join(class).join(format!("{i}.png")), 4, 4, false);
+            }
+        }
+        let options = LoadOptions {
+            val_fraction: 0.34,
+            skip_bad_images: true,
+            stop: Some(&STOP),
+            ..LoadOptions::default()
+        };
+        let err = load(dir.path(), "folder", &options).unwrap_err();
+        assert!(matches!(err, DataError::Interrupted), "{err}");
+        STOP.store(false, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(load(dir.path(), "folder", &options).unwrap().report.decoded, 6);
     }
 
     #[test]

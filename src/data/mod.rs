@@ -72,6 +72,8 @@ pub enum DataError {
     },
     #[error("{}: {reason} (--skip-bad-images skips such files and counts them)", path.display())]
     BadImage { path: PathBuf, reason: String },
+    #[error("interrupted while reading the images; nothing was trained")]
+    Interrupted,
     #[error(
         "{dataset}: {images} images of {shape} need {} on the device as f32, above the {} budget \
          (--max-dataset-memory, {budget_source}); lower --image-size, use --channels 1, or raise --max-dataset-memory",

@@ -136,6 +136,9 @@ pub struct LoadOptions {
     pub memory_source: String,
     /// Draw a progress bar while decoding.
     pub progress: bool,
+    /// Set (by a Ctrl-C or SIGTERM handler) to stop decoding: the load ends with
+    /// [`DataError::Interrupted`](super::DataError::Interrupted).
+    pub stop: Option<&'static std::sync::atomic::AtomicBool>,
 }
 
 impl Default for LoadOptions {
@@ -152,6 +155,7 @@ impl Default for LoadOptions {
             max_memory: u64::MAX,
             memory_source: "unlimited".into(),
             progress: false,
+            stop: None,
         }
     }
 }
