@@ -108,7 +108,7 @@ pub fn load_as(path: &Path, prepare: Prepare) -> Result<Vec<u8>, PredictError> {
         Prepare::Mnist => to_mnist(&grey(&img)).to_vec(),
         Prepare::Plain(shape) => {
             let mut out = vec![0; shape.len()];
-            crate::data::folder::to_chw(&img, shape, &mut out);
+            crate::data::pixels::to_chw(&img, shape, &mut out);
             out
         }
     })

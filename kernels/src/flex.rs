@@ -364,14 +364,14 @@ fn owned(t: FlexTensor) -> FlexTensor {
     t.to_contiguous()
 }
 
-/// Body of [`crate::optim::update`] on flex tensors.
+/// Body of the fused optimizer update (the `optim` module's `update`) on flex tensors.
 pub(crate) fn optim_update<B: Backend, const D: usize>(
-    rule: crate::optim::Rule,
+    rule: crate::cpu::optim::Rule,
     weight_decay: f64,
     param: Tensor<B, D>,
     grad: Tensor<B, D>,
-    state: crate::optim::Buffers<B, D>,
-) -> (Tensor<B, D>, crate::optim::Buffers<B, D>) {
+    state: (Option<Tensor<B, D>>, Option<Tensor<B, D>>),
+) -> (Tensor<B, D>, (Option<Tensor<B, D>>, Option<Tensor<B, D>>)) {
     let shape = param.shape();
     let mut param = owned(flex_prim(param));
     let mut grad = owned(flex_prim(grad));

@@ -7,10 +7,13 @@ mod device;
 mod download;
 pub mod folder;
 pub mod idx;
+mod options;
+pub mod pixels;
 mod spec;
 
 pub use device::{indices, DeviceSplit, Normalization, PerChannel};
-pub use spec::{convert, load, DatasetSpec, LoadOptions, LoadReport, DEFAULT_MAX_IMAGE_PIXELS};
+pub use options::{LoadOptions, LoadReport, DEFAULT_MAX_IMAGE_PIXELS};
+pub use spec::{convert, load, DatasetSpec};
 
 use std::fmt;
 use std::path::{Path, PathBuf};
