@@ -138,16 +138,18 @@ fn decode(path: &Path) -> Result<image::DynamicImage, PredictError> {
         )));
     }
     let mut reader = open()?;
-    if reader.format() == Some(image::ImageFormat::Jpeg) {
-        // A cut-off JPEG decodes with its missing part grey; refuse it as folders do.
-        let bytes = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
-        crate::data::folder::jpeg_complete(&bytes).map_err(|why| fail(why.into()))?;
-    }
     let mut limits = image::Limits::default();
     limits.max_image_width = Some(MAX_SIDE);
     limits.max_image_height = Some(MAX_SIDE);
-    reader.limits(limits);
-    reader.decode().map_err(|e| fail(e.to_string()))
+    match reader.format() {
+        // As folders decode (a cut-off JPEG is refused there and here).
+        Some(format) => crate::data::folder::decode_file(path, format, limits).map_err(fail),
+        // No format guessed: image's own error says so.
+        None => {
+            reader.limits(limits);
+            reader.decode().map_err(|e| fail(e.to_string()))
+        }
+    }
 }
 
 /// The image in grey levels. Transparency is composited onto the background that contrasts

@@ -86,6 +86,20 @@ fn data_cmd(root: &Path, extra: &[&str]) -> assert_cmd::Command {
     cmd
 }
 
+/// `ember train` of one speedrun epoch on the CPU on the folder `root`, into `run`.
+fn train_cmd(root: &Path, run: &Path, val_fraction: &str, extra: &[&str]) -> assert_cmd::Command {
+    let mut cmd = ember();
+    cmd.args([
+        "train", "--recipe", "speedrun", "--epochs", "1", "--device", "cpu",
+    ])
+    .args(["--val-fraction", val_fraction, "--dataset"])
+    .arg(format!("folder:{}", root.display()))
+    .arg("--run-dir")
+    .arg(run)
+    .args(extra);
+    cmd
+}
+
 /// A noisy RGB JPEG, big enough that cutting it leaves a partial scan.
 fn jpeg_bytes() -> Vec<u8> {
     let img = RgbImage::from_fn(96, 96, |x, y| {
@@ -127,16 +141,7 @@ fn class_folders_changed_after_training_are_refused_by_eval_and_resume() {
     let root = dir.path().join("shapes");
     folder(&root, &["bars", "rings", "stripes"], 8);
     let run = dir.path().join("run");
-    succeeds(
-        ember()
-            .args([
-                "train", "--recipe", "speedrun", "--epochs", "1", "--device", "cpu",
-            ])
-            .args(["--val-fraction", "0.25", "--dataset"])
-            .arg(format!("folder:{}", root.display()))
-            .arg("--run-dir")
-            .arg(&run),
-    );
+    succeeds(&mut train_cmd(&root, &run, "0.25", &[]));
     let eval = || {
         let mut cmd = ember();
         cmd.args(["eval", "--device", "cpu", "--checkpoint"]).arg(&run);
@@ -196,16 +201,7 @@ fn trained_run(dir: &Path) -> PathBuf {
     let root = dir.join("images");
     folder(&root, &["a", "b"], 6);
     let run = dir.join("run");
-    succeeds(
-        ember()
-            .args([
-                "train", "--recipe", "speedrun", "--epochs", "1", "--device", "cpu",
-            ])
-            .args(["--val-fraction", "0.34", "--dataset"])
-            .arg(format!("folder:{}", root.display()))
-            .arg("--run-dir")
-            .arg(&run),
-    );
+    succeeds(&mut train_cmd(&root, &run, "0.34", &[]));
     run
 }
 
@@ -334,23 +330,7 @@ fn names_from_the_file_system_reach_the_terminal_escaped() {
     fails_with(&mut data_cmd(&root, &[]), &["x\\u{1b}[2J.png: not a PNG or JPEG"]);
     // And in skipped.txt, one line per file.
     let run = dir.path().join("run");
-    succeeds(
-        ember()
-            .args([
-                "train",
-                "--recipe",
-                "speedrun",
-                "--epochs",
-                "1",
-                "--device",
-                "cpu",
-                "--skip-bad-images",
-            ])
-            .args(["--val-fraction", "0.34", "--dataset"])
-            .arg(format!("folder:{}", root.display()))
-            .arg("--run-dir")
-            .arg(&run),
-    );
+    succeeds(&mut train_cmd(&root, &run, "0.34", &["--skip-bad-images"]));
     let listed = std::fs::read_to_string(run.join("skipped.txt")).unwrap();
     assert_eq!(listed.lines().count(), 1, "{listed:?}");
     assert!(
@@ -394,20 +374,7 @@ fn odd_folders_say_what_is_wrong() {
     folder(&root, &["only"], 6);
     let run = dir.path().join("one-run");
     fails_with(
-        ember()
-            .args([
-                "train",
-                "--recipe",
-                "speedrun",
-                "--device",
-                "cpu",
-                "--val-fraction",
-                "0.34",
-                "--dataset",
-            ])
-            .arg(format!("folder:{}", root.display()))
-            .arg("--run-dir")
-            .arg(&run),
+        &mut train_cmd(&root, &run, "0.34", &[]),
         &["one class (only): nothing to learn"],
     );
     assert!(!run.exists());

@@ -288,17 +288,8 @@ pub enum Found {
 pub fn check_class_folders(kind: Cifar, root: &Path) -> Result<(), DataError> {
     let classes = kind.classes();
     let train = root.join("train");
-    let read = std::fs::read_dir(&train).map_err(|error| DataError::Io {
-        path: train.clone(),
-        error,
-    })?;
-    let mut found = Vec::new();
-    for entry in read.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if !name.starts_with('.') && entry.path().is_dir() {
-            found.push(name);
-        }
-    }
+    // The class folders as an image folder reads them.
+    let found = super::folder::class_names(&train)?;
     let missing: Vec<&str> = classes
         .iter()
         .filter(|c| !found.contains(c))

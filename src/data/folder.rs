@@ -283,7 +283,7 @@ fn keep_good(
 }
 
 /// The class folders in `dir`, sorted by name (hidden folders left out).
-fn class_names(dir: &Path) -> Result<Vec<String>, DataError> {
+pub(super) fn class_names(dir: &Path) -> Result<Vec<String>, DataError> {
     let read = std::fs::read_dir(dir).map_err(|error| DataError::Io {
         path: dir.to_owned(),
         error,
@@ -486,40 +486,42 @@ fn check_size(path: &Path, width: u32, height: u32, max_pixels: u64) -> Result<(
 /// Decodes `path` into `out` as `shape` (channel-major), within the pixel budget whatever the
 /// file claims past its header.
 fn decode_into(path: &Path, shape: ImageShape, max_pixels: u64, out: &mut [u8]) -> Result<(), DataError> {
-    let reader = open(path)?;
-    let img = if reader.format() == Some(image::ImageFormat::Jpeg) {
-        // The JPEG decoder fills a cut-off scan with grey and reports success; PIL refuses such
-        // a file ("image file is truncated"), and so does ember. (The decoder reads the whole
-        // file into memory anyway.)
-        let bytes = std::fs::read(path).map_err(|e| bad(path, e.to_string()))?;
-        jpeg_complete(&bytes).map_err(|why| bad(path, why))?;
-        let cursor = std::io::Cursor::new(bytes);
-        decode_limited(
-            image::ImageReader::with_format(cursor, image::ImageFormat::Jpeg),
-            max_pixels,
-        )
-    } else {
-        decode_limited(reader, max_pixels)
-    };
-    let img = img.map_err(|e| bad(path, e.to_string()))?;
-    check_size(path, img.width(), img.height(), max_pixels)?;
-    to_chw(&img, shape, out);
-    Ok(())
-}
-
-/// Decodes within the pixel budget whatever the file claims past its header.
-fn decode_limited<R: std::io::BufRead + std::io::Seek>(
-    mut reader: image::ImageReader<R>,
-    max_pixels: u64,
-) -> image::ImageResult<DynamicImage> {
+    let format = open(path)?.format().expect("open sets the format");
     let mut limits = image::Limits::default();
     let side = u32::try_from(max_pixels.min(u64::from(MAX_SIDE))).unwrap_or(MAX_SIDE);
     limits.max_image_width = Some(side);
     limits.max_image_height = Some(side);
     // 16-bit RGBA is the widest layout decoded: 8 bytes a pixel.
     limits.max_alloc = Some(max_pixels.saturating_mul(8).saturating_add(1 << 20));
-    reader.limits(limits);
-    reader.decode()
+    let img = decode_file(path, format, limits).map_err(|why| bad(path, why))?;
+    check_size(path, img.width(), img.height(), max_pixels)?;
+    to_chw(&img, shape, out);
+    Ok(())
+}
+
+/// Decodes the `format` file at `path` within `limits` (folders and `ember predict`). A JPEG
+/// must run to its end-of-image marker ([`jpeg_complete`]): the JPEG decoder fills a cut-off
+/// scan with grey and reports success, where PIL refuses such a file ("image file is
+/// truncated"). The JPEG decoder reads the whole file into memory anyway, so it is read once,
+/// checked, and decoded from memory.
+pub fn decode_file(
+    path: &Path,
+    format: image::ImageFormat,
+    limits: image::Limits,
+) -> Result<DynamicImage, String> {
+    let decoded = if format == image::ImageFormat::Jpeg {
+        let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+        jpeg_complete(&bytes)?;
+        let mut reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
+        reader.limits(limits);
+        reader.decode()
+    } else {
+        let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+        let mut reader = image::ImageReader::with_format(std::io::BufReader::new(file), format);
+        reader.limits(limits);
+        reader.decode()
+    };
+    decoded.map_err(|e| e.to_string())
 }
 
 /// Whether a JPEG file's segments run to its end-of-image marker: walks the markers (an Exif
@@ -531,13 +533,7 @@ pub fn jpeg_complete(bytes: &[u8]) -> Result<(), &'static str> {
     let mut i = 2; // past the start-of-image marker, checked by `open`
     loop {
         // Bytes between segments (non-conforming but common) are skipped up to the next 0xFF.
-        let Some(ff) = bytes
-            .get(i..)
-            .and_then(|rest| rest.iter().position(|&b| b == 0xFF))
-        else {
-            return Err(CUT);
-        };
-        i += ff;
+        i = next_ff(bytes, i).ok_or(CUT)?;
         while bytes.get(i) == Some(&0xFF) {
             i += 1; // fill bytes
         }
@@ -566,13 +562,7 @@ pub fn jpeg_complete(bytes: &[u8]) -> Result<(), &'static str> {
         if marker == 0xDA {
             // Entropy-coded data up to the next marker that is not a stuffed byte or a restart.
             loop {
-                let Some(ff) = bytes
-                    .get(i..)
-                    .and_then(|rest| rest.iter().position(|&b| b == 0xFF))
-                else {
-                    return Err(CUT);
-                };
-                i += ff;
+                i = next_ff(bytes, i).ok_or(CUT)?;
                 match bytes.get(i + 1) {
                     None => return Err(CUT),
                     Some(0x00 | 0xD0..=0xD7) => i += 2,
@@ -581,6 +571,11 @@ pub fn jpeg_complete(bytes: &[u8]) -> Result<(), &'static str> {
             }
         }
     }
+}
+
+/// The index of the first 0xFF byte at or after `from`.
+fn next_ff(bytes: &[u8], from: usize) -> Option<usize> {
+    Some(from + bytes.get(from..)?.iter().position(|&b| b == 0xFF)?)
 }
 
 fn progress_bar(len: usize) -> indicatif::ProgressBar {
