@@ -5,71 +5,63 @@
 #[path = "common/parity.rs"]
 mod parity;
 
-use burn::backend::{Autodiff, NdArray};
+use burn::backend::NdArray;
 use burn::tensor::{Tensor, TensorData};
 use ember::import::from_pytorch_file;
 use ember::model::ModelKind;
 use ember_models::Classifier;
-use parity::{assert_parity, compare, fixtures, Fixture, CPU};
+use parity::{compare, fixtures, Fixture, Tolerance, CPU};
 
-#[test]
-fn parity_all_models_flex() {
-    for kind in [
-        ModelKind::PytorchExampleNet,
-        ModelKind::TchNet,
-        ModelKind::FlashlightCnn,
-        ModelKind::Resnet20,
-        ModelKind::SpeedrunNet,
-    ] {
-        assert_parity::<Autodiff<ember::backend::Cpu>>(kind, CPU, &Default::default());
-    }
-}
-
-/// Every built-in model has a parity fixture (`benches/pytorch/parity.py`, from its twin in
-/// `models.py`), replayed here: a model added to the registry is compared with PyTorch without
-/// a line here. ResNet-18 alone has none (11M parameters; ResNet-20 covers its blocks).
-#[test]
-fn parity_every_builtin_model_flex() {
+/// Replays the fixture of every built-in model ([`each_builtin`], the one list of them) on the
+/// backend `arg` selects, at `tol`; returns the models' names. A model without a fixture fails
+/// (`benches/pytorch/parity.py` writes it from its twin in `models.py`): a model added to the
+/// registry is compared with PyTorch without a line here.
+fn replay_every_builtin(arg: ember::backend::DeviceArg, tol: Tolerance) -> Vec<String> {
     use burn::tensor::backend::AutodiffBackend;
-    use ember::backend::{DeviceArg, DeviceInfo, ModelTask, Trains};
+    use ember::backend::{DeviceInfo, ModelTask, Trains};
     use ember::model::{EmberModel, Trainable};
     use ember::registry::{each_builtin, EachBuiltin};
 
-    struct Replay;
+    struct Replay(Tolerance);
     impl<D: EmberModel> ModelTask<D> for Replay {
         type Output = ();
         fn run<B: AutodiffBackend>(self, model: &D, device: B::Device, _info: DeviceInfo)
         where
             D::Net<B>: Trainable<B>,
         {
-            parity::assert_parity_of::<B, D>(model, CPU, &device);
+            parity::assert_parity_of::<B, D>(model, self.0, &device);
         }
     }
-    struct Each(Vec<String>);
+    struct Each(ember::backend::DeviceArg, Tolerance, Vec<String>);
     impl EachBuiltin for Each {
         fn visit<D: Trains>(&mut self, model: D) {
             let name = model.name().to_string();
-            if name == "resnet18" {
-                return;
-            }
             assert!(
                 fixtures().join(format!("parity-{name}.safetensors")).is_file(),
                 "{name} has no parity fixture: add its twin to benches/pytorch/models.py and run parity.py --only {name}"
             );
-            model.dispatch(DeviceArg::Cpu, Replay).unwrap();
-            self.0.push(name);
+            model.dispatch(self.0, Replay(self.1)).unwrap();
+            self.2.push(name);
         }
     }
-    let mut each = Each(Vec::new());
+    let mut each = Each(arg, tol, Vec::new());
     each_builtin(&mut each);
-    assert!(each.0.len() >= 5, "{:?}", each.0);
+    each.2
+}
+
+/// Every built-in model against its PyTorch fixture on the float32 CPU backend ember trains with.
+#[test]
+fn parity_every_builtin_model_flex() {
+    let replayed = replay_every_builtin(ember::backend::DeviceArg::Cpu, CPU);
+    // The six models of ModelKind (the seed CNNs, ResNet-20 and -18, the speedrun net) and LeNet-5.
+    assert!(replayed.len() >= 7, "{replayed:?}");
+    assert!(replayed.iter().any(|m| m == "resnet18"), "{replayed:?}");
 }
 
 #[cfg(feature = "cuda")]
 #[test]
-fn parity_all_models_cuda() {
+fn parity_every_builtin_model_cuda() {
     use ember::backend::{resolve, DeviceArg, Resolved};
-    use parity::Tolerance;
     match resolve(DeviceArg::Cuda(0)) {
         Ok(Resolved::Cuda { .. }) => {}
         other => {
@@ -84,16 +76,8 @@ fn parity_all_models_cuda() {
         params: 1e-3,
         f32_slack: 4.0,
     };
-    let device = burn::backend::cuda::CudaDevice::new(0);
-    for kind in [
-        ModelKind::PytorchExampleNet,
-        ModelKind::TchNet,
-        ModelKind::FlashlightCnn,
-        ModelKind::Resnet20,
-        ModelKind::SpeedrunNet,
-    ] {
-        assert_parity::<Autodiff<ember::backend::Gpu>>(kind, gpu, &device);
-    }
+    let replayed = replay_every_builtin(DeviceArg::Cuda(0), gpu);
+    assert!(replayed.len() >= 7, "{replayed:?}");
 }
 
 #[test]

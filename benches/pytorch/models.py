@@ -192,10 +192,13 @@ MODELS = {
     "speedrun-net": (SpeedrunNet, False, "sgd-nesterov", 0.2, (0.1307, 0.3081)),
     # No recipe of its own: ember trains it with resnet-fashion's (Recipe::of_model).
     "lenet5": (LeNet5, False, "sgd-nesterov", 0.1, (0.2860, 0.3530)),
+    # Recipe::of_model too: resnet-fashion's optimizer and normalisation.
+    "resnet18": (resnet18, False, "sgd-nesterov", 0.1, (0.2860, 0.3530)),
 }
 
 # Dropout layers of each model: a model is built without dropout by passing this many zeros.
-DROPOUTS = {"pytorch-example-net": 2, "tch-net": 2, "flashlight-cnn": 1, "resnet20": 0, "speedrun-net": 0, "lenet5": 0}
+DROPOUTS = {"pytorch-example-net": 2, "tch-net": 2, "flashlight-cnn": 1, "resnet20": 0, "speedrun-net": 0, "lenet5": 0,
+            "resnet18": 0}
 
 
 def optimizer(name, params, lr):

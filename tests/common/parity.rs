@@ -104,12 +104,23 @@ impl Fixture {
         serde_json::from_str(&self.meta["params"]).unwrap()
     }
 
-    /// PyTorch's float32 error on `key` against this float64 fixture (0 when not recorded).
+    /// PyTorch's float32 error on `key` against this float64 fixture (0 when not recorded). A
+    /// sampled tensor's error is measured as [`compare`] measures ours: the larger of the samples'
+    /// and half the sum of squares' (parity.py records them as `KEY.value` and `KEY.sumsq`).
     fn torch_f32_error(&self, key: &str) -> f64 {
-        self.meta
+        let Some(errors) = self
+            .meta
             .get("f32_error")
             .map(|e| serde_json::from_str::<HashMap<String, f64>>(e).unwrap())
-            .and_then(|errors| errors.get(key).copied())
+        else {
+            return 0.0;
+        };
+        let of = |k: &str| errors.get(k).copied();
+        of(key)
+            .or_else(|| {
+                let value = of(&format!("{key}.value"))?;
+                Some(value.max(of(&format!("{key}.sumsq"))? / 2.0))
+            })
             .unwrap_or(0.0)
     }
 }
