@@ -289,6 +289,7 @@ impl RunDir {
             return Err(e.into());
         }
         // The new checkpoint is committed: older records can go.
+        crate::faults::point("checkpoint:committed");
         let keep = [Some(state.model_file.as_str()), state.optimizer_file.as_deref()];
         for entry in fs::read_dir(&self.path).map_err(io(&self.path))?.flatten() {
             let name = entry.file_name().to_string_lossy().to_string();

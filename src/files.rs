@@ -49,15 +49,21 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
     ));
     let written = (|| {
         let mut file = fs::File::create(&tmp).map_err(err(&tmp))?;
-        file.write_all(bytes).map_err(err(&tmp))?;
+        crate::faults::point("write:created");
+        let (first, rest) = bytes.split_at(bytes.len() / 2);
+        file.write_all(first).map_err(err(&tmp))?;
+        crate::faults::point("write:half");
+        file.write_all(rest).map_err(err(&tmp))?;
         file.sync_all().map_err(err(&tmp))?;
         drop(file);
+        crate::faults::point("write:synced");
         fs::rename(&tmp, path).map_err(err(path))
     })();
     if written.is_err() {
         let _ = fs::remove_file(&tmp);
     }
     written?;
+    crate::faults::point("write:renamed");
     // The rename is durable once the directory entry is.
     if let Some(dir) = path.parent() {
         if let Ok(d) = fs::File::open(dir) {

@@ -83,6 +83,7 @@ pub mod cli;
 pub mod compare;
 pub mod config;
 pub mod data;
+pub mod faults;
 pub mod files;
 pub mod gpu;
 pub mod import;

@@ -49,6 +49,30 @@ pub struct BarSeries {
     pub values: Vec<Option<f64>>,
 }
 
+/// Draws a `size` chart with `draw` in memory, then writes it to `path` as a PNG through
+/// [`write_atomic`](crate::files::write_atomic): a process killed while drawing leaves the
+/// previous chart (or none), never a half-written one.
+fn png(
+    path: &Path,
+    size: (u32, u32),
+    draw: impl FnOnce(DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>) -> Result<(), PlotError>,
+) -> Result<(), PlotError> {
+    register();
+    let mut pixels = vec![0u8; size.0 as usize * size.1 as usize * 3];
+    draw(BitMapBackend::with_buffer(&mut pixels, size).into_drawing_area())?;
+    let e = err(path);
+    let mut bytes = Vec::new();
+    image::ImageEncoder::write_image(
+        image::codecs::png::PngEncoder::new(&mut bytes),
+        &pixels,
+        size.0,
+        size.1,
+        image::ExtendedColorType::Rgb8,
+    )
+    .map_err(|x| e(x.to_string()))?;
+    crate::files::write_atomic(path, &bytes).map_err(|x| e(x.error.to_string()))
+}
+
 /// Grouped vertical bars with the value printed above each bar.
 pub fn bar_chart(
     path: &Path,
@@ -57,9 +81,18 @@ pub fn bar_chart(
     groups: &[String],
     series: &[BarSeries],
 ) -> Result<(), PlotError> {
-    register();
+    png(path, (1000, 560), |root| draw_bars(root, path, title, y_label, groups, series))
+}
+
+fn draw_bars(
+    root: DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    path: &Path,
+    title: &str,
+    y_label: &str,
+    groups: &[String],
+    series: &[BarSeries],
+) -> Result<(), PlotError> {
     let e = err(path);
-    let root = BitMapBackend::new(path, (1000, 560)).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(x.to_string()))?;
     let top = series
         .iter()
@@ -180,9 +213,16 @@ pub struct Panel {
 
 /// Line charts side by side in one PNG (e.g. loss and accuracy per epoch).
 pub fn line_panels(path: &Path, x_label: &str, panels: &[Panel]) -> Result<(), PlotError> {
-    register();
+    png(path, (560 * panels.len() as u32, 420), |root| draw_panels(root, path, x_label, panels))
+}
+
+fn draw_panels(
+    root: DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
+    path: &Path,
+    x_label: &str,
+    panels: &[Panel],
+) -> Result<(), PlotError> {
     let e = err(path);
-    let root = BitMapBackend::new(path, (560 * panels.len() as u32, 420)).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(x.to_string()))?;
     let areas = root.split_evenly((1, panels.len()));
     for (area, panel) in areas.iter().zip(panels) {

@@ -114,6 +114,7 @@ pub fn start_run(
         None => RunDir::fresh_default(default_name)?,
     };
     let lock = run.lock()?;
+    crate::faults::point("run:locked");
     let loaded = load(&config).and_then(|data| {
         fit_to_data(&mut config, &data, fits, given, quiet)?;
         Ok(data)
@@ -127,6 +128,7 @@ pub fn start_run(
             return Err(e);
         }
     };
+    crate::faults::point("data:loaded");
     run.save_config(&config)?;
     Ok((config, run, lock, data))
 }
@@ -143,6 +145,7 @@ pub fn resume_run(
 ) -> Result<(TrainConfig, RunDir, RunLock, Data)> {
     let run = RunDir::open(dir)?;
     let lock = run.lock()?;
+    crate::faults::point("run:locked");
     let mut config = run.load_config()?;
     if let Some(epochs) = epochs {
         if epochs != config.epochs && config.schedule != crate::optim::Schedule::Step {
@@ -158,6 +161,7 @@ pub fn resume_run(
     config.validate()?;
     check(&config)?;
     let data = load(&config)?;
+    crate::faults::point("data:loaded");
     config.check_classes(&data.classes)?;
     if data.train.shape != config.input {
         anyhow::bail!(

@@ -353,6 +353,7 @@ pub fn train_epoch<B: AutodiffBackend, M: Trainable<B>>(
     for step in from.step_in_epoch..steps {
         let (trained, batch_loss) = run.step(model, optim, schedule, step, from.global_step_at(step));
         model = trained;
+        crate::faults::point("train:step");
         let check = control.check_every > 0 && (step + 1) % control.check_every == 0;
         (control.on_step)(StepInfo {
             epoch,
@@ -485,6 +486,7 @@ pub fn evaluate<B: Backend, M: Classifier<B>>(
         let predicted = output.clone().argmax(1).squeeze_dim::<1>(1);
         correct = correct + predicted.equal(targets.clone()).int().sum();
         loss_sum = loss_sum + nll_sum(output, kind, targets);
+        crate::faults::point("eval:batch");
     }
     let correct = correct.into_scalar();
     let loss = scalar(loss_sum) / len as f64;

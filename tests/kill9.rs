@@ -1,47 +1,71 @@
-//! SIGKILL in a loop (issue 12): a training run is killed at random moments, again and again,
-//! in training, in evaluation and in the middle of writing a checkpoint, and new runs are killed
-//! while they start. After every kill the run
+//! SIGKILL at every point that matters (issue 12, made deterministic in issue 25): a training
+//! run is killed in start-up, mid-epoch, in evaluation and at each step of writing each file of
+//! a checkpoint, and new runs are killed at each step of their start. After every kill the run
 //! directory loads as it is (what `--resume` and `ember eval` read), the next resume continues
 //! from it, progress never goes back, and once a resume ends normally nothing that a kill left
 //! is still there.
 //!
-//! Epochs of one step and a short evaluation make a checkpoint (model and optimizer records,
-//! state.json, metrics.csv, curves.png) every ~100 ms. Half of the kills come at a random moment
-//! (their moment is what the test varies); the other half as soon as a temporary file of a
-//! checkpoint appears, so that many land while one is being written. The test counts those by
-//! what they leave behind and requires them.
+//! The kills come from the process itself: `EMBER_KILL_AT=POINT@N` (src/faults.rs) sends it
+//! SIGKILL the N-th time it reaches POINT, as `kill -9` at that moment would. Each kill is
+//! asserted to have happened (the process died of signal 9), and each kill inside a file write
+//! to have left that write's temporary file: no timing decides what the test covers.
 
 mod common;
 
 use common::{ember, repo_mnist};
 
 use std::collections::BTreeSet;
+use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::Instant;
+use std::process::{Command, Output};
 
 use assert_cmd::cargo::CommandCargoExt;
 use burn::backend::{Autodiff, NdArray};
 use ember::checkpoint::{RunDir, TrainState};
-use rand::{Rng, SeedableRng};
+use ember::faults::POINTS;
 
-const KILLS: usize = 60;
-const STARTS: usize = 12;
-
-/// `ember train` on DIR: one 64-image step per epoch, 256 test images.
+/// `ember train` on DIR: two 64-image steps per epoch, 256 test images in two batches.
 fn train(run: &Path, resume: bool, epochs: usize) -> Command {
     let mut cmd = Command::cargo_bin("ember").unwrap();
-    cmd.env("EMBER_OFFLINE", "true").env_remove("EMBER_DATA_DIR");
+    cmd.env("EMBER_OFFLINE", "true")
+        .env_remove("EMBER_DATA_DIR")
+        .env_remove("EMBER_KILL_AT");
     cmd.arg("train");
     if resume {
         cmd.arg("--resume").arg(run);
     } else {
         cmd.arg("--run-dir").arg(run);
-        cmd.args(["--limit-train", "64", "--batch-size", "64", "--limit-test", "256"]);
+        cmd.args(["--limit-train", "128", "--batch-size", "64", "--limit-test", "256"]);
+        cmd.args(["--test-batch-size", "128"]);
     }
     cmd.args(["--epochs", &epochs.to_string(), "--device", "cpu", "--quiet"]);
     cmd.arg("--data-dir").arg(repo_mnist());
     cmd
+}
+
+/// Runs `cmd` killed at `point`: asserts that it died of SIGKILL there.
+fn killed_at(mut cmd: Command, point: &str) -> Output {
+    let out = cmd.env("EMBER_KILL_AT", point).output().unwrap();
+    assert_eq!(
+        out.status.signal(),
+        Some(9),
+        "{point} was not reached (status {:?}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Whether `run` holds a temporary file of `write_atomic`.
+fn has_temporary(run: &Path) -> bool {
+    std::fs::read_dir(run)
+        .unwrap()
+        .any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".tmp"))
+}
+
+/// The points inside `write_atomic` at which its temporary file exists.
+fn inside_a_write(point: &str) -> bool {
+    ["write:created", "write:half", "write:synced"].contains(&point)
 }
 
 /// The checkpoint as `--resume` loads it: config, state, model and optimizer records (checksums
@@ -72,102 +96,78 @@ fn leftovers(run: &Path, state: &TrainState) -> Vec<String> {
 }
 
 #[test]
-fn sigkill_in_a_loop_never_costs_the_run() {
+fn sigkill_at_every_point_never_costs_the_run() {
     let dir = tempfile::tempdir().unwrap();
     let run = dir.path().join("run");
-
-    // The run's first epoch, and the time a resume takes to start and to run epochs, which set
-    // the range of kill times on this machine.
-    let status = train(&run, false, 1).stdout(Stdio::null()).status().unwrap();
+    let status = train(&run, false, 1).output().unwrap().status;
     assert!(status.success());
-    let timed = |epochs| {
-        let t = Instant::now();
-        let out = train(&run, true, epochs).output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        t.elapsed()
-    };
-    let one = timed(2);
-    let eleven = timed(13);
-    let epoch = (eleven.saturating_sub(one)) / 10;
-    let start = one.saturating_sub(epoch);
-    eprintln!("resume: {start:?} to start, {epoch:?} per epoch");
 
-    let mut rng = rand::rngs::StdRng::seed_from_u64(12);
+    // A resume to one epoch more than the checkpoint has, killed at each point: in start-up,
+    // at each step of writing config.json (its new length) and each file of the epoch's
+    // checkpoint (metrics.csv, curves.png, then model, optimizer, state.json: six writes), after the
+    // first and second training steps, in evaluation, after the checkpoint is committed.
     let mut epoch_done = load(&run).progress.epoch;
-    let mut mid_checkpoint = 0;
-    for kill in 0..KILLS {
-        let mut child = train(&run, true, 1_000_000)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        if kill % 2 == 0 {
-            // From halfway through start-up to eight epochs in.
-            let at = start / 2 + (start / 2 + 8 * epoch).mul_f64(rng.random::<f64>());
-            std::thread::sleep(at);
-        } else {
-            // The first temporary file of a checkpoint, watched for without pause.
-            let watching = Instant::now();
-            while !std::fs::read_dir(&run)
-                .unwrap()
-                .any(|e| e.unwrap().file_name().to_string_lossy().ends_with(".tmp"))
-            {
-                assert!(watching.elapsed() < 30 * (start + epoch), "no checkpoint started");
-            }
-        }
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
-
+    let mut kills = Vec::new();
+    for name in POINTS {
+        let times = if name.starts_with("write:") { 6 } else if *name == "train:step" { 2 } else { 1 };
+        kills.extend((1..=times).map(|n| format!("{name}@{n}")));
+    }
+    for point in &kills {
+        killed_at(train(&run, true, epoch_done + 1), point);
         let state = load(&run);
         assert!(
             state.progress.epoch >= epoch_done,
-            "kill {kill}: epoch {} after {epoch_done}",
+            "killed at {point}: epoch {} after {epoch_done}",
             state.progress.epoch
         );
-        epoch_done = state.progress.epoch;
-        if !leftovers(&run, &state).is_empty() {
-            mid_checkpoint += 1;
+        if inside_a_write(point.split('@').next().unwrap()) {
+            assert!(has_temporary(&run), "killed at {point}: no temporary file left");
         }
+        epoch_done = state.progress.epoch;
     }
+    assert!(epoch_done >= 3, "the kills after commits advanced {epoch_done} epochs");
 
-    // New runs killed while they start (before, while and after they write config.json and
-    // their first checkpoint): the same command, or `--resume` once config.json is there, gives
-    // the whole run.
-    let mut early = Vec::new();
-    for kill in 0..STARTS {
-        let fresh = dir.path().join(format!("fresh-{kill}"));
-        let mut child = train(&fresh, false, 1)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        std::thread::sleep((start + 2 * epoch).mul_f64(rng.random::<f64>()));
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
+    // New runs killed at each step of their start (lock, data, config.json, the first
+    // checkpoint's writes and commit): the same command, or `--resume` once config.json is
+    // there, gives the whole run.
+    let mut starts = Vec::new();
+    for name in ["run:locked", "data:loaded", "checkpoint:committed"] {
+        starts.push(format!("{name}@1"));
+    }
+    for name in POINTS.iter().filter(|p| p.starts_with("write:")) {
+        // config.json, then the first checkpoint's model, optimizer and state.json.
+        starts.extend((1..=4).map(|n| format!("{name}@{n}")));
+    }
+    let mut left = BTreeSet::new();
+    for (i, point) in starts.iter().enumerate() {
+        let fresh = dir.path().join(format!("fresh-{i}"));
+        killed_at(train(&fresh, false, 1), point);
         let had_config = fresh.join("config.json").exists();
-        early.push(
-            match (fresh.exists(), had_config, fresh.join("state.json").exists()) {
-                (false, ..) => "no directory",
-                (true, false, _) => "no config",
-                (true, true, false) => "config, no checkpoint",
-                (true, true, true) => "a checkpoint",
-            },
-        );
+        left.insert(match (fresh.exists(), had_config, fresh.join("state.json").exists()) {
+            (false, ..) => "no directory",
+            (true, false, _) => "no config",
+            (true, true, false) => "config, no checkpoint",
+            (true, true, true) => "a checkpoint",
+        });
+        if inside_a_write(point.split('@').next().unwrap()) {
+            assert!(has_temporary(&fresh), "start killed at {point}: no temporary file left");
+        }
         // Two epochs: one more than the killed run's, which may have finished.
         let out = train(&fresh, had_config, 2).output().unwrap();
         assert!(
             out.status.success(),
-            "start kill {kill} ({}): {}",
-            early[kill],
+            "start killed at {point}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
         let state = load(&fresh);
         assert_eq!(state.progress.epoch, 2);
         assert_eq!(leftovers(&fresh, &state), Vec::<String>::new());
     }
-    early.sort();
-    early.dedup();
-    eprintln!("start-up kills left: {early:?}");
+    // Every kind of state a start can be killed in was reached.
+    assert_eq!(
+        left.into_iter().collect::<Vec<_>>(),
+        ["a checkpoint", "config, no checkpoint", "no config"]
+    );
 
     // A resume that ends normally: it continues from the last kill's checkpoint and leaves only
     // the run's own files.
@@ -212,11 +212,9 @@ fn sigkill_in_a_loop_never_costs_the_run() {
         .success();
 
     eprintln!(
-        "{KILLS} kills in training: {mid_checkpoint} left a checkpoint half-written; reached epoch {}",
+        "{} kills of a resume, {} of a start; reached epoch {}",
+        kills.len(),
+        starts.len(),
         epoch_done + 1
-    );
-    assert!(
-        mid_checkpoint >= KILLS / 4,
-        "only {mid_checkpoint} of {KILLS} kills landed in a checkpoint"
     );
 }

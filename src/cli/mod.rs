@@ -179,7 +179,7 @@ pub fn main_with(registry: crate::registry::Registry) -> ! {
     crate::run::mark_process_start();
     crate::memory::keep_freed_memory();
     crate::registry::install(registry);
-    if let Err(e) = ember_kernels::check_env() {
+    if let Err(e) = ember_kernels::check_env().and_then(|()| crate::faults::check_env()) {
         eprintln!("Error: {}", crate::files::printable(&e));
         std::process::exit(1);
     }
