@@ -379,6 +379,24 @@ pub enum ConfigError {
         "the data has one class ({0}): nothing to learn, a classifier needs images of two classes or more"
     )]
     OneClass(String),
+    #[error(
+        "{model} on {input} images needs about {per_image} an image in {what}: {batch_flag} {batch} needs {need}, \
+         and {device} has {available} beside the dataset ({data}); {advice}"
+    )]
+    ActivationMemory {
+        model: String,
+        input: ImageShape,
+        /// "a training step" or "evaluation".
+        what: &'static str,
+        per_image: String,
+        batch_flag: &'static str,
+        batch: usize,
+        need: String,
+        device: String,
+        available: String,
+        data: String,
+        advice: String,
+    },
     #[error("{flag} applies to --schedule {needs} only")]
     OtherSchedule { flag: &'static str, needs: String },
     #[error("{flag} applies to --optimizer sgd only, not {optimizer}")]
@@ -534,6 +552,69 @@ impl TrainConfig {
                 flag: "--translate",
                 value: self.augment.translate,
                 limit: side,
+            });
+        }
+        Ok(())
+    }
+
+    /// Refuses batches whose activations would not fit in the device's memory beside the
+    /// dataset: `per_image` is the model's estimate ([`crate::model::EmberModel::activation_bytes`];
+    /// nothing is checked without one), `data` the dataset's bytes on the device, `memory` the
+    /// device's memory and its name, `images` the training and the largest evaluated split's
+    /// sizes (a batch is no larger than its split). A batch past it would abort the process on an
+    /// allocation once training or evaluation reached it; the error names the batch size that fits.
+    pub fn check_activation_memory(
+        &self,
+        per_image: Option<crate::model::ActivationBytes>,
+        data: u64,
+        memory: Option<(u64, String)>,
+        images: (usize, usize),
+    ) -> Result<(), ConfigError> {
+        let (Some(per_image), Some((memory, device))) = (per_image, memory) else {
+            return Ok(());
+        };
+        let available = memory.saturating_sub(data);
+        let checks = [
+            (
+                "a training step",
+                "a batch of",
+                "--batch-size",
+                self.batch_size,
+                per_image.train,
+            ),
+            (
+                "evaluation",
+                "a --test-batch-size of",
+                "--test-batch-size",
+                self.test_batch_size,
+                per_image.eval,
+            ),
+        ];
+        for ((what, batch_flag, flag, batch, bytes), images) in checks.into_iter().zip([images.0, images.1]) {
+            let batch = batch.min(images);
+            let need = (batch as u64).saturating_mul(bytes.max(1));
+            if need <= available {
+                continue;
+            }
+            let fits = available / bytes.max(1);
+            let advice = if fits == 0 {
+                "not one image fits: lower --image-size".to_string()
+            } else {
+                format!("{flag} {fits} fits, or lower --image-size")
+            };
+            use crate::memory::bytes as b;
+            return Err(ConfigError::ActivationMemory {
+                model: self.model.to_string(),
+                input: self.input,
+                what,
+                per_image: b(bytes),
+                batch_flag,
+                batch,
+                need: b(need),
+                device,
+                available: b(available),
+                data: b(data),
+                advice,
             });
         }
         Ok(())
@@ -723,6 +804,68 @@ impl TrainConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batches_are_checked_against_the_memory_beside_the_data() {
+        use crate::model::ActivationBytes;
+        let mut config = Recipe::ResnetFashion.config();
+        config.input = ImageShape {
+            channels: 1,
+            height: 448,
+            width: 448,
+        };
+        assert_eq!((config.batch_size, config.test_batch_size), (128, 1000));
+        let per_image = Some(ActivationBytes {
+            train: 400 << 20,
+            eval: 40 << 20,
+        });
+        let memory = || Some((24u64 << 30, "this machine".to_string()));
+        let err = config
+            .check_activation_memory(per_image, 1 << 30, memory(), (60_000, 10_000))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "resnet20 on 1x448x448 images needs about 400 MiB an image in a training step: a batch \
+             of 128 needs 50.00 GiB, and this machine has 23.00 GiB beside the dataset (1.00 GiB); \
+             --batch-size 58 fits, or lower --image-size"
+        );
+        config.batch_size = 58;
+        let err = config
+            .check_activation_memory(per_image, 1 << 30, memory(), (60_000, 10_000))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("in evaluation: a --test-batch-size of 1000 needs 39.06 GiB")
+                && err.ends_with("--test-batch-size 588 fits, or lower --image-size"),
+            "{err}"
+        );
+        // A batch is no larger than its split.
+        config
+            .check_activation_memory(per_image, 1 << 30, memory(), (60_000, 500))
+            .unwrap();
+        config.batch_size = 1_000_000;
+        config
+            .check_activation_memory(per_image, 1 << 30, memory(), (58, 500))
+            .unwrap();
+        // Not one image.
+        let huge = Some(ActivationBytes {
+            train: 30 << 30,
+            eval: 1,
+        });
+        let err = config
+            .check_activation_memory(huge, 1 << 30, memory(), (58, 500))
+            .unwrap_err()
+            .to_string();
+        assert!(err.ends_with("a batch of 58 needs 1.70 TiB, and this machine has 23.00 GiB beside the dataset (1.00 GiB); not one image fits: lower --image-size"), "{err}");
+        // Without an estimate, or where the memory is unknown, nothing is checked.
+        config
+            .check_activation_memory(None, 1 << 30, memory(), (58, 500))
+            .unwrap();
+        config
+            .check_activation_memory(huge, 1 << 30, None, (58, 500))
+            .unwrap();
+    }
 
     #[test]
     fn flags_are_said_as_config_json_fields() {

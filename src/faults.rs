@@ -41,11 +41,12 @@ struct Armed {
 
 fn parse(value: &str) -> Result<(&'static str, u64), String> {
     let (name, at) = value.rsplit_once('@').unwrap_or((value, "1"));
-    let point = POINTS
-        .iter()
-        .copied()
-        .find(|p| *p == name)
-        .ok_or_else(|| format!("{VAR}={value}: no kill point {name:?}; the points are {}", POINTS.join(", ")))?;
+    let point = POINTS.iter().copied().find(|p| *p == name).ok_or_else(|| {
+        format!(
+            "{VAR}={value}: no kill point {name:?}; the points are {}",
+            POINTS.join(", ")
+        )
+    })?;
     let at = at
         .parse::<u64>()
         .ok()
@@ -105,7 +106,10 @@ mod tests {
         assert_eq!(parse("write:half@3"), Ok(("write:half", 3)));
         assert_eq!(parse("train:step"), Ok(("train:step", 1)));
         let err = parse("write:halfway@2").unwrap_err();
-        assert!(err.contains("no kill point \"write:halfway\"") && err.contains("write:half,"), "{err}");
+        assert!(
+            err.contains("no kill point \"write:halfway\"") && err.contains("write:half,"),
+            "{err}"
+        );
         assert!(parse("train:step@0").unwrap_err().contains("from 1"));
         assert!(parse("train:step@x").is_err());
     }

@@ -16,7 +16,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::Tensor;
 use clap::ValueEnum;
 pub use ember_models::Classifier;
-pub use ember_models::{DoesNotFit, EmberModel, ImageShape};
+pub use ember_models::{ActivationBytes, DoesNotFit, EmberModel, ImageShape};
 use ember_models::{
     FlashlightCnn, FlashlightCnnConfig, Output, PytorchExampleNet, PytorchExampleNetConfig, ResNet,
     ResNetConfig, SpeedrunNet, SpeedrunNetConfig, TchNet, TchNetConfig,
@@ -220,40 +220,97 @@ impl ModelKind {
     /// A training step costs about three forward passes: forward, gradient w.r.t. inputs and
     /// w.r.t. weights.
     pub fn forward_macs_per_image(self) -> u64 {
-        let conv = |cout: u64, cin: u64, k: u64, out_side: u64| cout * cin * k * k * out_side * out_side;
-        match self {
+        self.layers(ImageShape::MNIST)
+            .expect("every built-in takes 1x28x28")
+            .iter()
+            .map(|l| l.macs)
+            .sum()
+    }
+
+    /// The convolutions and linear layers of one forward pass over one image of `input` (10
+    /// classes), in order; `None` for a shape the model does not take.
+    pub fn layers(self, input: ImageShape) -> Option<Vec<Layer>> {
+        self.fits(input).ok()?;
+        let (c, mut h, mut w) = (input.channels as u64, input.height as u64, input.width as u64);
+        Some(match self {
             // conv1 32x1x3x3 at 26x26, conv2 64x32x3x3 at 24x24, fc1 9216x128, fc2 128x10
-            Self::PytorchExampleNet | Self::TchNet => {
-                conv(32, 1, 3, 26) + conv(64, 32, 3, 24) + 9216 * 128 + 128 * 10
-            }
+            Self::PytorchExampleNet | Self::TchNet => vec![
+                Layer::conv(32, 1, 3, 26, 26),
+                Layer::conv(64, 32, 3, 24, 24),
+                Layer::linear(9216, 128),
+                Layer::linear(128, 10),
+            ],
             // conv1 32x1x5x5 at 28x28, conv2 64x32x5x5 at 14x14, fc1 3136x1024, fc2 1024x10
-            Self::FlashlightCnn => conv(32, 1, 5, 28) + conv(64, 32, 5, 14) + 3136 * 1024 + 1024 * 10,
+            Self::FlashlightCnn => vec![
+                Layer::conv(32, 1, 5, 28, 28),
+                Layer::conv(64, 32, 5, 14, 14),
+                Layer::linear(3136, 1024),
+                Layer::linear(1024, 10),
+            ],
             Self::Resnet20 | Self::Resnet18 => {
                 let config = match self {
                     Self::Resnet20 => ResNetConfig::resnet20(),
                     _ => ResNetConfig::resnet18(),
                 };
-                let widths: Vec<u64> = config.widths.iter().map(|&w| w as u64).collect();
-                let depths: Vec<u64> = config.depths.iter().map(|&d| d as u64).collect();
-                // Stem at 28x28, then per stage: the first block's conv1 (stride 2 after the
-                // first stage) and projection, the other 3x3 convolutions at the stage's size.
-                let mut side = 28;
-                let mut cin = widths[0];
-                let mut macs = conv(widths[0], 1, 3, side);
-                for (s, (&w, &d)) in widths.iter().zip(&depths).enumerate() {
+                // The stem, then per stage: the first block's conv1 (stride 2 after the first
+                // stage) and projection, the other 3x3 convolutions at the stage's size.
+                let mut cin = config.widths[0] as u64;
+                let mut layers = vec![Layer::conv(cin, c, 3, h, w)];
+                for (s, (&width, &depth)) in config.widths.iter().zip(&config.depths).enumerate() {
+                    let width = width as u64;
                     if s > 0 {
-                        side = side.div_ceil(2);
+                        (h, w) = (h.div_ceil(2), w.div_ceil(2));
                     }
-                    macs += conv(w, cin, 3, side) + (2 * d - 1) * conv(w, w, 3, side);
-                    if cin != w {
-                        macs += conv(w, cin, 1, side);
+                    layers.push(Layer::conv(width, cin, 3, h, w));
+                    if cin != width {
+                        layers.push(Layer::conv(width, cin, 1, h, w));
                     }
-                    cin = w;
+                    for _ in 1..2 * depth {
+                        layers.push(Layer::conv(width, width, 3, h, w));
+                    }
+                    cin = width;
                 }
-                macs + cin * 10
+                layers.push(Layer::linear(cin, 10));
+                layers
             }
-            // 32x1x3x3 at 28, 64x32x3x3 at 14, 128x64x3x3 at 7, fc 1152x10
-            Self::SpeedrunNet => conv(32, 1, 3, 28) + conv(64, 32, 3, 14) + conv(128, 64, 3, 7) + 1152 * 10,
+            // Three conv-BN-ReLU blocks, each followed by 2x2 pooling; at 1x28x28: 32x1x3x3 at
+            // 28, 64x32x3x3 at 14, 128x64x3x3 at 7, fc 1152x10.
+            Self::SpeedrunNet => {
+                let mut layers = Vec::new();
+                let mut cin = c;
+                for width in [32, 64, 128] {
+                    layers.push(Layer::conv(width, cin, 3, h, w));
+                    (h, w) = (h / 2, w / 2);
+                    cin = width;
+                }
+                layers.push(Layer::linear(cin * h * w, 10));
+                layers
+            }
+        })
+    }
+}
+
+/// One convolution or linear layer's work on one image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layer {
+    pub macs: u64,
+    /// Elements of its output.
+    pub outputs: u64,
+}
+
+impl Layer {
+    /// A `k`x`k` convolution from `cin` to `cout` channels with an `h`x`w` output.
+    pub fn conv(cout: u64, cin: u64, k: u64, h: u64, w: u64) -> Self {
+        Self {
+            macs: cout * cin * k * k * h * w,
+            outputs: cout * h * w,
+        }
+    }
+
+    pub fn linear(inputs: u64, outputs: u64) -> Self {
+        Self {
+            macs: inputs * outputs,
+            outputs,
         }
     }
 }
@@ -313,7 +370,15 @@ impl EmberModel for ModelKind {
     }
 
     fn forward_macs_per_image(&self, input: ImageShape) -> Option<u64> {
-        (input == ImageShape::MNIST).then(|| ModelKind::forward_macs_per_image(*self))
+        Some(self.layers(input)?.iter().map(|l| l.macs).sum())
+    }
+
+    fn activation_bytes(&self, input: ImageShape) -> Option<ember_models::ActivationBytes> {
+        let layers = self.layers(input)?;
+        Some(ember_models::ActivationBytes::from_outputs(
+            input,
+            layers.iter().map(|l| l.outputs),
+        ))
     }
 
     fn record_name<B: Backend>(&self, record: &ModelRecord<B>) -> Option<String> {
@@ -462,5 +527,45 @@ mod tests {
         // sum over Conv2d of out.numel() * in_channels * k * k, plus Linear in * out.
         assert_eq!(ModelKind::Resnet20.forward_macs_per_image(), 31_021_952);
         assert_eq!(ModelKind::Resnet18.forward_macs_per_image(), 455_800_832);
+    }
+
+    #[test]
+    fn layer_counts() {
+        // benches/pytorch/layer_counts.py: (MACs, output elements of every Conv2d and Linear).
+        let shape = |channels, side| ImageShape {
+            channels,
+            height: side,
+            width: side,
+        };
+        use ModelKind::*;
+        for (kind, input, macs, outputs) in [
+            (Resnet20, shape(1, 28), 31_021_952, 153_674),
+            (Resnet20, shape(3, 32), 40_813_184, 200_714),
+            (Resnet20, shape(1, 112), 496_341_632, 2_458_634),
+            (Resnet18, shape(1, 28), 455_800_832, 480_010),
+            (Resnet18, shape(3, 32), 555_422_720, 614_410),
+            (Resnet18, shape(1, 112), 6_789_420_032, 7_526_410),
+            (PytorchExampleNet, shape(1, 28), 11_992_448, 58_634),
+            (FlashlightCnn, shape(1, 28), 13_883_904, 38_666),
+            (SpeedrunNet, shape(1, 28), 7_462_656, 43_914),
+        ] {
+            let layers = kind.layers(input).unwrap();
+            let counted = (
+                layers.iter().map(|l| l.macs).sum::<u64>(),
+                layers.iter().map(|l| l.outputs).sum::<u64>(),
+            );
+            assert_eq!(counted, (macs, outputs), "{kind} at {input}");
+            assert_eq!(EmberModel::forward_macs_per_image(&kind, input), Some(macs));
+            // Training keeps 2.5 float32 values per output and input pixel.
+            let bytes = EmberModel::activation_bytes(&kind, input).unwrap();
+            assert_eq!(bytes.train, 10 * (outputs + input.len() as u64));
+        }
+        // ResNet-20 at 224x224 (calibration in ActivationBytes::from_outputs): 98.8 MB an image
+        // in training, 11.2 MB in evaluation (16x224x224 the largest output).
+        let bytes = EmberModel::activation_bytes(&Resnet20, shape(1, 224)).unwrap();
+        assert_eq!((bytes.train, bytes.eval), (98_846_820, 11_239_424));
+        // A shape the model does not take has no count.
+        assert!(TchNet.layers(shape(3, 32)).is_none());
+        assert!(EmberModel::activation_bytes(&TchNet, shape(3, 32)).is_none());
     }
 }

@@ -81,7 +81,9 @@ pub fn bar_chart(
     groups: &[String],
     series: &[BarSeries],
 ) -> Result<(), PlotError> {
-    png(path, (1000, 560), |root| draw_bars(root, path, title, y_label, groups, series))
+    png(path, (1000, 560), |root| {
+        draw_bars(root, path, title, y_label, groups, series)
+    })
 }
 
 fn draw_bars(
@@ -213,7 +215,9 @@ pub struct Panel {
 
 /// Line charts side by side in one PNG (e.g. loss and accuracy per epoch).
 pub fn line_panels(path: &Path, x_label: &str, panels: &[Panel]) -> Result<(), PlotError> {
-    png(path, (560 * panels.len() as u32, 420), |root| draw_panels(root, path, x_label, panels))
+    png(path, (560 * panels.len() as u32, 420), |root| {
+        draw_panels(root, path, x_label, panels)
+    })
 }
 
 fn draw_panels(

@@ -22,6 +22,7 @@ pub trait AnyModel: Send + Sync {
     fn about(&self) -> &str;
     fn fits(&self, input: ImageShape) -> Result<(), DoesNotFit>;
     fn forward_macs_per_image(&self, input: ImageShape) -> Option<u64>;
+    fn activation_bytes(&self, input: ImageShape) -> Option<ember_models::ActivationBytes>;
     /// Trained parameters for images of `input` and `classes` classes.
     fn trainable_params(&self, input: ImageShape, classes: usize) -> usize;
     fn train(&self, device: DeviceArg, job: TrainJob) -> anyhow::Result<EvalStats>;
@@ -53,6 +54,10 @@ impl<D: Trains> AnyModel for D {
 
     fn forward_macs_per_image(&self, input: ImageShape) -> Option<u64> {
         EmberModel::forward_macs_per_image(self, input)
+    }
+
+    fn activation_bytes(&self, input: ImageShape) -> Option<ember_models::ActivationBytes> {
+        EmberModel::activation_bytes(self, input)
     }
 
     fn trainable_params(&self, input: ImageShape, classes: usize) -> usize {

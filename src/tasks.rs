@@ -18,21 +18,56 @@ use crate::train::{self, EvalStats, Splits};
 
 /// Half the device's memory: the rest is for the model, activations and the allocator.
 pub fn default_memory_budget(device: &crate::backend::Resolved) -> (u64, String) {
-    use crate::backend::Resolved;
-    let (total, what) = match device {
-        Resolved::Cuda { index, .. } => (
-            crate::backend::total_memory(*index).map(|n| n as u64),
-            format!("cuda:{index}"),
-        ),
-        Resolved::Cpu => (crate::memory::physical_memory(), "this machine".to_string()),
-    };
-    match total {
-        Some(total) => (
+    match device_memory(device) {
+        Some((total, what)) => (
             total / 2,
             format!("default: half of {what}'s {}", crate::memory::bytes(total)),
         ),
         None => (u64::MAX, "default: no limit, the memory size is unknown".into()),
     }
+}
+
+/// The memory of `device` and its name ("this machine", "cuda:0"); `None` when unknown.
+pub fn device_memory(device: &crate::backend::Resolved) -> Option<(u64, String)> {
+    use crate::backend::Resolved;
+    match device {
+        Resolved::Cuda { index, .. } => {
+            crate::backend::total_memory(*index).map(|n| (n as u64, format!("cuda:{index}")))
+        }
+        Resolved::Cpu => crate::memory::physical_memory().map(|n| (n, "this machine".to_string())),
+    }
+}
+
+/// The checks of a new run on `device`, for [`start_run`]: the model takes the images (`fits`,
+/// [`TrainConfig::check_input`]) and its batches' activations (`activation_bytes`, the model's
+/// estimate) fit beside the data ([`TrainConfig::check_activation_memory`]; not checked where
+/// `device` is `None`).
+pub fn check_new_run(
+    config: &TrainConfig,
+    data: &Data,
+    fits: impl FnOnce(ImageShape) -> Result<(), DoesNotFit>,
+    activation_bytes: impl FnOnce(ImageShape) -> Option<crate::model::ActivationBytes>,
+    device: Option<&crate::backend::Resolved>,
+) -> Result<()> {
+    config.check_input(fits)?;
+    // f32 pixels and an int label each (8 bytes on the CPU backends), as the data's budget.
+    let splits = [&data.train, &data.test];
+    let data_bytes = splits
+        .iter()
+        .map(|s| s.len() as u64 * (s.shape.len() as u64 * 4 + 8))
+        .sum();
+    config.check_activation_memory(
+        activation_bytes(config.input),
+        data_bytes,
+        device.and_then(device_memory),
+        (
+            config
+                .limit_train
+                .map_or(data.train.len(), |n| n.min(data.train.len())),
+            data.test.len().max(config.valid_size),
+        ),
+    )?;
+    Ok(())
 }
 
 /// How a run's dataset is read, as the user set it (`ember`'s data flags; [`Default`]: as
@@ -104,7 +139,7 @@ pub fn start_run(
     mut config: TrainConfig,
     run_dir: Option<PathBuf>,
     default_name: &str,
-    fits: impl FnOnce(ImageShape) -> Result<(), DoesNotFit>,
+    check: impl FnOnce(&TrainConfig, &Data) -> Result<()>,
     given: Given,
     quiet: bool,
     load: impl FnOnce(&TrainConfig) -> Result<Data>,
@@ -116,7 +151,7 @@ pub fn start_run(
     let lock = run.lock()?;
     crate::faults::point("run:locked");
     let loaded = load(&config).and_then(|data| {
-        fit_to_data(&mut config, &data, fits, given, quiet)?;
+        fit_to_data(&mut config, &data, check, given, quiet)?;
         Ok(data)
     });
     let data = match loaded {
@@ -194,11 +229,12 @@ pub struct Given {
 
 /// Completes a new run's settings from its data: the image shape and class names, and the
 /// normalisation statistics of CIFAR, folders and in-memory data (from the images trained on)
-/// unless given. Then checks what depends on them, the model taking the images among them.
+/// unless given. Then checks what depends on them with `check` (the model taking the images and
+/// the batches fitting in memory: [`check_new_run`]).
 pub fn fit_to_data(
     config: &mut TrainConfig,
     data: &Data,
-    fits: impl FnOnce(ImageShape) -> Result<(), DoesNotFit>,
+    check: impl FnOnce(&TrainConfig, &Data) -> Result<()>,
     given: Given,
     quiet: bool,
 ) -> Result<()> {
@@ -242,7 +278,7 @@ pub fn fit_to_data(
             }
         }
     }
-    config.check_input(fits)?;
+    check(config, data)?;
     config.check_train_size(data.train.len())?;
     if !given.own_data && config.dataset.uses_data_dir() && config.data_dir.is_none() {
         let dir = config.dataset.default_dir();

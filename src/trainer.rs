@@ -189,7 +189,8 @@ impl Trainer {
         load: impl FnOnce(&TrainConfig) -> Result<Data>,
     ) -> Result<Fitted> {
         let device = self.device;
-        let (job, _lock) = self.start(&model, own_data, load)?;
+        let resolved = backend::resolve(device).ok();
+        let (job, _lock) = self.start(&model, own_data, resolved, load)?;
         let run = job.run.clone();
         crate::run::install_interrupt_handler();
         let test = backend::dispatch_model(device, &model, job)??;
@@ -208,7 +209,8 @@ impl Trainer {
     where
         D::Net<B>: Trainable<B>,
     {
-        let (job, _lock) = self.start(model, own_data, move |_| Ok(data))?;
+        // B's device is the caller's: its memory is not known here.
+        let (job, _lock) = self.start(model, own_data, None, move |_| Ok(data))?;
         let run = job.run.clone();
         let info = DeviceInfo {
             backend: std::any::type_name::<B>(),
@@ -263,10 +265,12 @@ impl Trainer {
 
     /// A new run directory for `model` with its `config.json`, fitted to the data `load` reads
     /// ([`crate::tasks::start_run`], as `ember train`).
+    /// `device`: where the run trains, for the memory check (none where unknown).
     fn start<D: EmberModel>(
         mut self,
         model: &D,
         own_data: bool,
+        device: Option<backend::Resolved>,
         load: impl FnOnce(&TrainConfig) -> Result<Data>,
     ) -> Result<(TrainJob, RunLock)> {
         self.config.model = ModelName::new(model.name());
@@ -282,7 +286,15 @@ impl Trainer {
             self.config,
             self.run_dir,
             model.name(),
-            |input| model.fits(input),
+            |c, data| {
+                crate::tasks::check_new_run(
+                    c,
+                    data,
+                    |input| model.fits(input),
+                    |input| model.activation_bytes(input),
+                    device.as_ref(),
+                )
+            },
             given,
             self.quiet,
             load,

@@ -497,3 +497,30 @@ fn misspelt_kernel_switches_are_one_line_errors() {
         "{stdout}"
     );
 }
+
+/// `--image-size 4096`: the dataset fits its budget, but a batch's activations do not fit in
+/// memory (ResNet-20 aborted on a 3 GiB allocation). One line before any training, naming what
+/// an image needs and what would fit; no run directory left. ResNet-18 at 4096x4096 needs about
+/// 94 GiB an image, more than any machine this runs on, whatever its memory.
+#[test]
+fn batches_whose_activations_do_not_fit_are_refused_before_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    folder(&root, &["a", "b"], 2);
+    let run = dir.path().join("run");
+    fails_with(
+        &mut train_cmd(
+            &root,
+            &run,
+            "0.5",
+            &["--model", "resnet18", "--image-size", "4096"],
+        ),
+        &[
+            "resnet18 on 1x4096x4096 images needs about",
+            "an image in a training step: a batch of 2 needs",
+            "beside the dataset",
+            "not one image fits: lower --image-size",
+        ],
+    );
+    assert!(!run.exists(), "a run directory was left");
+}

@@ -12,7 +12,7 @@ use burn::tensor::{backend::Backend, Tensor};
 
 use ember_kernels::nn;
 
-use crate::{Classifier, DoesNotFit, EmberModel, ImageShape, Output};
+use crate::{ActivationBytes, Classifier, DoesNotFit, EmberModel, ImageShape, Output};
 
 /// # Shapes (1x28x28 in)
 /// - input: `[batch, channels, h, w]`
@@ -115,16 +115,30 @@ impl EmberModel for LeNet5Model {
     }
 
     fn forward_macs_per_image(&self, input: ImageShape) -> Option<u64> {
-        let (h, w) = (input.height as u64, input.width as u64);
-        let (h2, w2) = ((h / 2).saturating_sub(4), (w / 2).saturating_sub(4));
-        let (h3, w3) = (
-            feature_side(input.height) as u64,
-            feature_side(input.width) as u64,
-        );
-        let conv1 = 6 * input.channels as u64 * 25 * h * w;
-        let conv2 = 16 * 6 * 25 * h2 * w2;
-        Some(conv1 + conv2 + 16 * h3 * w3 * 120 + 120 * 84 + 84 * 10)
+        Some(layers(input).iter().map(|l| l.0).sum())
     }
+
+    fn activation_bytes(&self, input: ImageShape) -> Option<ActivationBytes> {
+        Some(ActivationBytes::from_outputs(input, layers(input).map(|l| l.1)))
+    }
+}
+
+/// (multiply-accumulates, output elements) of each convolution and linear layer for one image
+/// of `input` (10 classes).
+fn layers(input: ImageShape) -> [(u64, u64); 5] {
+    let (h, w) = (input.height as u64, input.width as u64);
+    let (h2, w2) = ((h / 2).saturating_sub(4), (w / 2).saturating_sub(4));
+    let (h3, w3) = (
+        feature_side(input.height) as u64,
+        feature_side(input.width) as u64,
+    );
+    [
+        (6 * input.channels as u64 * 25 * h * w, 6 * h * w),
+        (16 * 6 * 25 * h2 * w2, 16 * h2 * w2),
+        (16 * h3 * w3 * 120, 120),
+        (120 * 84, 84),
+        (84 * 10, 10),
+    ]
 }
 
 #[cfg(test)]

@@ -334,7 +334,15 @@ fn fresh(args: &TrainArgs) -> Result<()> {
         config,
         args.run_dir.clone(),
         name,
-        |input| model.fits(input),
+        |c, data| {
+            crate::tasks::check_new_run(
+                c,
+                data,
+                |input| model.fits(input),
+                |input| model.activation_bytes(input),
+                Some(&device),
+            )
+        },
         given,
         args.quiet,
         |c| {
