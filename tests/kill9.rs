@@ -35,7 +35,14 @@ fn train(run: &Path, resume: bool, epochs: usize) -> Command {
         cmd.arg("--resume").arg(run);
     } else {
         cmd.arg("--run-dir").arg(run);
-        cmd.args(["--limit-train", "128", "--batch-size", "64", "--limit-test", "256"]);
+        cmd.args([
+            "--limit-train",
+            "128",
+            "--batch-size",
+            "64",
+            "--limit-test",
+            "256",
+        ]);
         cmd.args(["--test-batch-size", "128"]);
     }
     cmd.args(["--epochs", &epochs.to_string(), "--device", "cpu", "--quiet"]);
@@ -109,7 +116,13 @@ fn sigkill_at_every_point_never_costs_the_run() {
     let mut epoch_done = load(&run).progress.epoch;
     let mut kills = Vec::new();
     for name in POINTS {
-        let times = if name.starts_with("write:") { 6 } else if *name == "train:step" { 2 } else { 1 };
+        let times = if name.starts_with("write:") {
+            6
+        } else if *name == "train:step" {
+            2
+        } else {
+            1
+        };
         kills.extend((1..=times).map(|n| format!("{name}@{n}")));
     }
     for point in &kills {
@@ -125,7 +138,10 @@ fn sigkill_at_every_point_never_costs_the_run() {
         }
         epoch_done = state.progress.epoch;
     }
-    assert!(epoch_done >= 3, "the kills after commits advanced {epoch_done} epochs");
+    assert!(
+        epoch_done >= 3,
+        "the kills after commits advanced {epoch_done} epochs"
+    );
 
     // New runs killed at each step of their start (lock, data, config.json, the first
     // checkpoint's writes and commit): the same command, or `--resume` once config.json is
@@ -143,14 +159,19 @@ fn sigkill_at_every_point_never_costs_the_run() {
         let fresh = dir.path().join(format!("fresh-{i}"));
         killed_at(train(&fresh, false, 1), point);
         let had_config = fresh.join("config.json").exists();
-        left.insert(match (fresh.exists(), had_config, fresh.join("state.json").exists()) {
-            (false, ..) => "no directory",
-            (true, false, _) => "no config",
-            (true, true, false) => "config, no checkpoint",
-            (true, true, true) => "a checkpoint",
-        });
+        left.insert(
+            match (fresh.exists(), had_config, fresh.join("state.json").exists()) {
+                (false, ..) => "no directory",
+                (true, false, _) => "no config",
+                (true, true, false) => "config, no checkpoint",
+                (true, true, true) => "a checkpoint",
+            },
+        );
         if inside_a_write(point.split('@').next().unwrap()) {
-            assert!(has_temporary(&fresh), "start killed at {point}: no temporary file left");
+            assert!(
+                has_temporary(&fresh),
+                "start killed at {point}: no temporary file left"
+            );
         }
         // Two epochs: one more than the killed run's, which may have finished.
         let out = train(&fresh, had_config, 2).output().unwrap();
