@@ -45,6 +45,67 @@ struct Header {
     width: u32,
     height: u32,
     colour: bool,
+    /// Bytes a pixel takes as decoded (8 for 16-bit RGBA).
+    bytes_per_pixel: u8,
+}
+
+impl Header {
+    /// Bytes decoding this file into `shape` holds at its peak: the decoded image, its
+    /// conversion to grey or RGB bytes, the resizer's intermediate (output width x input
+    /// height) and its output, and [`METADATA_BYTES`] for the decoder's own state and metadata.
+    fn decode_bytes(&self, shape: ImageShape) -> u64 {
+        let (w, h) = (u64::from(self.width), u64::from(self.height));
+        let c = shape.channels as u64;
+        let resized = (w, h) != (shape.width as u64, shape.height as u64);
+        let resizing = if resized {
+            (shape.width as u64 * h + shape.len() as u64 / c) * c
+        } else {
+            0
+        };
+        w * h * (u64::from(self.bytes_per_pixel) + c) + resizing + METADATA_BYTES
+    }
+}
+
+/// The bytes that decoding may hold at once, shared by the decoding threads: each decode takes
+/// its [`Header::decode_bytes`] before it starts and gives them back when it ends, waiting while
+/// the others hold too much. Without it every thread decoded its largest image at once (four
+/// 9000x9000 16-bit PNGs held 3.4 GiB whatever the budget said).
+struct DecodeBudget {
+    total: u64,
+    state: std::sync::Mutex<(u64, u64)>, // (held, the most held at once)
+    freed: std::sync::Condvar,
+}
+
+impl DecodeBudget {
+    fn new(total: u64) -> Self {
+        Self {
+            total,
+            state: std::sync::Mutex::new((0, 0)),
+            freed: std::sync::Condvar::new(),
+        }
+    }
+
+    /// Takes `bytes` (once the others leave room), runs `decode`, gives them back.
+    fn with<T>(&self, bytes: u64, decode: impl FnOnce() -> T) -> T {
+        {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            // Nothing else held: a decode larger than the budget was refused before this.
+            while state.0 > 0 && state.0 + bytes > self.total {
+                state = self.freed.wait(state).unwrap_or_else(|e| e.into_inner());
+            }
+            state.0 += bytes;
+            state.1 = state.1.max(state.0);
+        }
+        let out = decode();
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.0 -= bytes;
+        self.freed.notify_all();
+        out
+    }
+
+    fn peak(&self) -> u64 {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).1
+    }
 }
 
 /// Reads the folder at `root` (`name` is how errors and the report call it).
@@ -166,9 +227,38 @@ pub fn load(root: &Path, name: &str, options: &LoadOptions) -> Result<Data, Data
         height,
         width,
     };
-    check_memory(name, train.len() + test.len(), shape, options)?;
+    let dataset = check_memory(name, train.len() + test.len(), shape, options)?;
+    // Decoding shares what the budget leaves beside the dataset; a file that alone needs more
+    // is refused (or skipped) before anything is decoded.
+    let budget = DecodeBudget::new(options.max_memory.saturating_sub(dataset));
+    let too_big = |e: &Entry, h: &Header| -> Result<(), DataError> {
+        let need = h.decode_bytes(shape);
+        if need > budget.total {
+            return Err(bad(
+                &e.path,
+                format!(
+                    "{}x{} pixels at {} bytes each: decoding takes {}, more than the {} the memory budget leaves beside the dataset ({}; --max-dataset-memory)",
+                    h.width,
+                    h.height,
+                    h.bytes_per_pixel,
+                    crate::memory::bytes(need),
+                    crate::memory::bytes(budget.total),
+                    options.memory_source
+                ),
+            ));
+        }
+        Ok(())
+    };
+    for (entries, headers) in [(&mut train, &mut train_headers), (&mut test, &mut test_headers)] {
+        let checked = entries
+            .iter()
+            .zip(headers.iter())
+            .map(|(e, h)| too_big(e, h).map(|()| *h))
+            .collect();
+        *headers = keep_good(entries, checked, options.skip_bad_images, &mut report)?;
+    }
     let odd = |h: &&Header| (h.height as usize, h.width as usize) != (height, width);
-    report.resized = all().filter(odd).count();
+    report.resized = train_headers.iter().chain(&test_headers).filter(odd).count();
     report.resized_to = [width, height];
     report.resized_examples = train
         .iter()
@@ -180,60 +270,64 @@ pub fn load(root: &Path, name: &str, options: &LoadOptions) -> Result<Data, Data
         .collect();
 
     let bar = options.progress.then(|| progress_bar(train.len() + test.len()));
-    let decode = |entries: &mut Vec<Entry>, report: &mut LoadReport| -> Result<Split, DataError> {
-        let mut images = vec![0u8; entries.len() * shape.len()];
-        let stopped = || {
-            options
-                .stop
-                .is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed))
-        };
-        let results: Vec<Result<(), DataError>> = images
-            .par_chunks_mut(shape.len())
-            .zip(entries.par_iter())
-            .map(|(out, e)| {
-                if stopped() {
-                    return Err(DataError::Interrupted);
-                }
-                let r = decode_into(&e.path, shape, options.max_image_pixels, out);
-                if let Some(bar) = &bar {
-                    bar.inc(1);
-                }
-                r
-            })
-            .collect();
-        if stopped() {
-            return Err(DataError::Interrupted);
-        }
-        // Compacts the buffer over the images that failed (skipped) or stops at the first.
-        let mut good = 0;
-        let mut kept = Vec::with_capacity(entries.len());
-        let mut failures = Vec::new();
-        for (i, (r, e)) in results.into_iter().zip(entries.drain(..)).enumerate() {
-            match r {
-                Ok(()) => {
-                    if good != i {
-                        images.copy_within(i * shape.len()..(i + 1) * shape.len(), good * shape.len());
+    let decode =
+        |entries: &mut Vec<Entry>, headers: &[Header], report: &mut LoadReport| -> Result<Split, DataError> {
+            let mut images = vec![0u8; entries.len() * shape.len()];
+            let stopped = || {
+                options
+                    .stop
+                    .is_some_and(|s| s.load(std::sync::atomic::Ordering::Relaxed))
+            };
+            let results: Vec<Result<(), DataError>> = images
+                .par_chunks_mut(shape.len())
+                .zip(entries.par_iter().zip(headers.par_iter()))
+                .map(|(out, (e, h))| {
+                    if stopped() {
+                        return Err(DataError::Interrupted);
                     }
-                    good += 1;
-                    kept.push(e);
-                }
-                Err(err) if options.skip_bad_images => failures.push((e.path, reason(&err))),
-                Err(err) => return Err(err),
+                    let r = budget.with(h.decode_bytes(shape), || {
+                        decode_into(&e.path, h, shape, options.max_image_pixels, out)
+                    });
+                    if let Some(bar) = &bar {
+                        bar.inc(1);
+                    }
+                    r
+                })
+                .collect();
+            if stopped() {
+                return Err(DataError::Interrupted);
             }
-        }
-        report.skipped.extend(failures);
-        images.truncate(good * shape.len());
-        report.decoded += good;
-        let labels = kept.iter().map(|e| e.label).collect();
-        *entries = kept;
-        Ok(Split {
-            images,
-            labels,
-            shape,
-        })
-    };
-    let train_split = decode(&mut train, &mut report)?;
-    let test_split = decode(&mut test, &mut report)?;
+            // Compacts the buffer over the images that failed (skipped) or stops at the first.
+            let mut good = 0;
+            let mut kept = Vec::with_capacity(entries.len());
+            let mut failures = Vec::new();
+            for (i, (r, e)) in results.into_iter().zip(entries.drain(..)).enumerate() {
+                match r {
+                    Ok(()) => {
+                        if good != i {
+                            images.copy_within(i * shape.len()..(i + 1) * shape.len(), good * shape.len());
+                        }
+                        good += 1;
+                        kept.push(e);
+                    }
+                    Err(err) if options.skip_bad_images => failures.push((e.path, reason(&err))),
+                    Err(err) => return Err(err),
+                }
+            }
+            report.skipped.extend(failures);
+            images.truncate(good * shape.len());
+            report.decoded += good;
+            let labels = kept.iter().map(|e| e.label).collect();
+            *entries = kept;
+            Ok(Split {
+                images,
+                labels,
+                shape,
+            })
+        };
+    let train_split = decode(&mut train, &train_headers, &mut report)?;
+    let test_split = decode(&mut test, &test_headers, &mut report)?;
+    report.decode_peak = budget.peak();
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -447,9 +541,17 @@ fn open(path: &Path) -> Result<image::ImageReader<std::io::BufReader<std::fs::Fi
     Ok(reader)
 }
 
+/// What a decoder may allocate beyond the pixels its header declares: metadata chunks (an ICC
+/// profile is a few KiB, rarely 1 MiB; one that inflates to 1 GiB is refused).
+const METADATA_BYTES: u64 = 4 << 20;
+
 /// The file's size and colour from its header, checked against the per-image budget.
 fn header(path: &Path, max_pixels: u64) -> Result<Header, DataError> {
-    let decoder = open(path)?
+    let mut reader = open(path)?;
+    let mut limits = image::Limits::default();
+    limits.max_alloc = Some(METADATA_BYTES);
+    reader.limits(limits);
+    let decoder = reader
         .into_decoder()
         .map_err(|e| bad(path, format!("unreadable header: {e}")))?;
     let (width, height) = decoder.dimensions();
@@ -460,6 +562,7 @@ fn header(path: &Path, max_pixels: u64) -> Result<Header, DataError> {
         width,
         height,
         colour,
+        bytes_per_pixel: decoder.color_type().bytes_per_pixel(),
     })
 }
 
@@ -484,15 +587,21 @@ fn check_size(path: &Path, width: u32, height: u32, max_pixels: u64) -> Result<(
 }
 
 /// Decodes `path` into `out` as `shape` (channel-major), within the pixel budget whatever the
-/// file claims past its header.
-fn decode_into(path: &Path, shape: ImageShape, max_pixels: u64, out: &mut [u8]) -> Result<(), DataError> {
+/// file claims past its header: the decoder may allocate what its header said (`header`) and
+/// [`METADATA_BYTES`] more (an iCCP profile that inflates to 1 GiB is refused).
+fn decode_into(
+    path: &Path,
+    header: &Header,
+    shape: ImageShape,
+    max_pixels: u64,
+    out: &mut [u8],
+) -> Result<(), DataError> {
     let format = open(path)?.format().expect("open sets the format");
     let mut limits = image::Limits::default();
-    let side = u32::try_from(max_pixels.min(u64::from(MAX_SIDE))).unwrap_or(MAX_SIDE);
-    limits.max_image_width = Some(side);
-    limits.max_image_height = Some(side);
-    // 16-bit RGBA is the widest layout decoded: 8 bytes a pixel.
-    limits.max_alloc = Some(max_pixels.saturating_mul(8).saturating_add(1 << 20));
+    limits.max_image_width = Some(header.width);
+    limits.max_image_height = Some(header.height);
+    let decoded = u64::from(header.width) * u64::from(header.height) * u64::from(header.bytes_per_pixel);
+    limits.max_alloc = Some(decoded + METADATA_BYTES);
     let img = decode_file(path, format, limits).map_err(|why| bad(path, why))?;
     check_size(path, img.width(), img.height(), max_pixels)?;
     to_chw(&img, shape, out);

@@ -80,6 +80,9 @@ pub struct LoadReport {
     pub resized_to: [usize; 2],
     /// Where the test set came from, e.g. "test/" or "10% of each class".
     pub test_from: String,
+    /// The most bytes decoding held at once (estimated from the headers, bounded by what the
+    /// memory budget leaves beside the dataset).
+    pub decode_peak: u64,
 }
 
 impl LoadReport {
@@ -89,11 +92,12 @@ impl LoadReport {
             return None;
         }
         let mut line = format!(
-            "read {} images in {:.2} s ({:.0} images/s, {} threads)",
+            "read {} images in {:.2} s ({:.0} images/s, {} threads, at most {} decoding at once)",
             self.decoded,
             self.decode_seconds,
             self.decoded as f64 / self.decode_seconds.max(1e-9),
-            rayon::current_num_threads()
+            rayon::current_num_threads(),
+            crate::memory::bytes(self.decode_peak)
         );
         if self.resized > 0 {
             let [w, h] = self.resized_to;
@@ -130,13 +134,14 @@ impl LoadReport {
     }
 }
 
-/// Fails when `images` of `shape` would take more than the budget on the device.
+/// Fails when `images` of `shape` would take more than the budget on the device; returns the
+/// bytes they take.
 pub(super) fn check_memory(
     dataset: &str,
     images: usize,
     shape: ImageShape,
     options: &LoadOptions,
-) -> Result<(), DataError> {
+) -> Result<u64, DataError> {
     // f32 pixels plus an int label each (8 bytes on the CPU backends).
     let need = images as u64 * (shape.len() as u64 * 4 + 8);
     if need > options.max_memory {
@@ -149,5 +154,5 @@ pub(super) fn check_memory(
             budget_source: options.memory_source.clone(),
         });
     }
-    Ok(())
+    Ok(need)
 }
