@@ -2,15 +2,20 @@
 //!
 //! With `EMBER_KILL_AT=POINT@N` in its environment, the process sends itself SIGKILL the N-th
 //! time it reaches POINT (one of [`POINTS`]), exactly as an outside `kill -9` at that moment
-//! would: no destructor, no flush, no handler runs. Without the variable [`point`] is one
-//! relaxed load. The binary checks the variable before doing anything ([`check_env`]), so a
-//! misspelt point is an error rather than a run that is never killed.
+//! would: no destructor, no flush, no handler runs. `EMBER_TERM_AT=POINT@N` sends SIGTERM
+//! instead, at the points that wait for the process to see it ([`term_point`]), as a `kill` or
+//! Ctrl-C at that moment would. Without the variables a point is one load. The binary checks
+//! the variables before doing anything ([`check_env`]), so a misspelt point is an error rather
+//! than a run that is never stopped.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// The environment variable that arms a kill point.
 pub const VAR: &str = "EMBER_KILL_AT";
+
+/// The environment variable that arms a SIGTERM point.
+pub const TERM_VAR: &str = "EMBER_TERM_AT";
 
 /// Every kill point, in the order a run reaches them.
 pub const POINTS: &[&str] = &[
@@ -31,6 +36,8 @@ pub const POINTS: &[&str] = &[
     "train:step",
     // A batch of an evaluation is done.
     "eval:batch",
+    // An image of a folder is about to be decoded.
+    "decode:image",
 ];
 
 struct Armed {
@@ -39,11 +46,11 @@ struct Armed {
     reached: AtomicU64,
 }
 
-fn parse(value: &str) -> Result<(&'static str, u64), String> {
+fn parse(var: &str, value: &str) -> Result<(&'static str, u64), String> {
     let (name, at) = value.rsplit_once('@').unwrap_or((value, "1"));
     let point = POINTS.iter().copied().find(|p| *p == name).ok_or_else(|| {
         format!(
-            "{VAR}={value}: no kill point {name:?}; the points are {}",
+            "{var}={value}: no kill point {name:?}; the points are {}",
             POINTS.join(", ")
         )
     })?;
@@ -51,49 +58,81 @@ fn parse(value: &str) -> Result<(&'static str, u64), String> {
         .parse::<u64>()
         .ok()
         .filter(|n| *n >= 1)
-        .ok_or_else(|| format!("{VAR}={value}: the count after @ must be a whole number from 1"))?;
+        .ok_or_else(|| format!("{var}={value}: the count after @ must be a whole number from 1"))?;
     Ok((point, at))
 }
 
-fn armed() -> Option<&'static Armed> {
-    static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
-    ARMED
-        .get_or_init(|| {
-            let value = std::env::var(VAR).ok()?;
-            let (point, at) = parse(&value).ok()?;
-            Some(Armed {
-                point,
-                at,
-                reached: AtomicU64::new(0),
-            })
-        })
-        .as_ref()
+fn arm(var: &str) -> Option<Armed> {
+    let value = std::env::var(var).ok()?;
+    let (point, at) = parse(var, &value).ok()?;
+    Some(Armed {
+        point,
+        at,
+        reached: AtomicU64::new(0),
+    })
 }
 
-/// Checks `EMBER_KILL_AT` when set: one line naming the value and the points when it is not one.
-pub fn check_env() -> Result<(), String> {
-    match std::env::var(VAR) {
-        Ok(value) => parse(&value).map(|_| ()),
-        Err(std::env::VarError::NotPresent) => Ok(()),
-        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{VAR} is not UTF-8")),
+impl Armed {
+    /// Whether this call at `name` is the one armed.
+    fn fires(&self, name: &str) -> bool {
+        self.point == name && self.reached.fetch_add(1, Ordering::SeqCst) + 1 == self.at
     }
+}
+
+/// Checks `EMBER_KILL_AT` and `EMBER_TERM_AT` when set: one line naming the value and the
+/// points when it is not one.
+pub fn check_env() -> Result<(), String> {
+    for var in [VAR, TERM_VAR] {
+        match std::env::var(var) {
+            Ok(value) => parse(var, &value).map(|_| ())?,
+            Err(std::env::VarError::NotPresent) => {}
+            Err(std::env::VarError::NotUnicode(_)) => return Err(format!("{var} is not UTF-8")),
+        }
+    }
+    Ok(())
 }
 
 /// Kill point `name` (one of [`POINTS`]): SIGKILL when `EMBER_KILL_AT` names it and this is
 /// the time it counts.
 pub fn point(name: &'static str) {
     debug_assert!(POINTS.contains(&name), "{name} is not in faults::POINTS");
-    let Some(armed) = armed() else { return };
-    if armed.point == name && armed.reached.fetch_add(1, Ordering::SeqCst) + 1 == armed.at {
-        // SAFETY: kill(2) and getpid(2) take plain integers and touch no memory of ours.
-        unsafe {
-            libc::kill(libc::getpid(), libc::SIGKILL);
-        }
+    static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
+    if ARMED
+        .get_or_init(|| arm(VAR))
+        .as_ref()
+        .is_some_and(|a| a.fires(name))
+    {
+        signal(libc::SIGKILL);
         // SIGKILL cannot be caught or ignored; delivery to ourselves happens before kill
         // returns, but wait rather than go on should it not.
         loop {
             std::thread::park();
         }
+    }
+}
+
+/// [`point`], and a SIGTERM point: when `EMBER_TERM_AT` names `name` and this is the time it
+/// counts, sends SIGTERM and returns once `seen()` says the process saw it (its handler runs
+/// on another thread).
+pub fn term_point(name: &'static str, seen: impl Fn() -> bool) {
+    point(name);
+    static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
+    if ARMED
+        .get_or_init(|| arm(TERM_VAR))
+        .as_ref()
+        .is_some_and(|a| a.fires(name))
+    {
+        signal(libc::SIGTERM);
+        while !seen() {
+            std::thread::yield_now();
+        }
+    }
+}
+
+fn signal(sig: libc::c_int) {
+    // SAFETY: kill(2) and getpid(2) take plain integers and touch no memory of ours.
+    unsafe {
+        libc::kill(libc::getpid(), sig);
     }
 }
 
@@ -103,14 +142,15 @@ mod tests {
 
     #[test]
     fn kill_points_are_parsed_and_misspellings_named() {
-        assert_eq!(parse("write:half@3"), Ok(("write:half", 3)));
-        assert_eq!(parse("train:step"), Ok(("train:step", 1)));
-        let err = parse("write:halfway@2").unwrap_err();
+        assert_eq!(parse(VAR, "write:half@3"), Ok(("write:half", 3)));
+        assert_eq!(parse(VAR, "train:step"), Ok(("train:step", 1)));
+        let err = parse(TERM_VAR, "write:halfway@2").unwrap_err();
         assert!(
-            err.contains("no kill point \"write:halfway\"") && err.contains("write:half,"),
+            err.starts_with("EMBER_TERM_AT=write:halfway@2: no kill point \"write:halfway\""),
             "{err}"
         );
-        assert!(parse("train:step@0").unwrap_err().contains("from 1"));
-        assert!(parse("train:step@x").is_err());
+        assert!(err.contains("write:half,"), "{err}");
+        assert!(parse(VAR, "train:step@0").unwrap_err().contains("from 1"));
+        assert!(parse(VAR, "train:step@x").is_err());
     }
 }

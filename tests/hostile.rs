@@ -524,3 +524,29 @@ fn batches_whose_activations_do_not_fit_are_refused_before_training() {
     );
     assert!(!run.exists(), "a run directory was left");
 }
+
+/// SIGTERM (or Ctrl-C) while a folder is decoded: decoding stops, the new run directory is
+/// removed, exit 130 as the README says (it was 143 with only `.lock` left). The signal comes
+/// from the process itself at its second image (`EMBER_TERM_AT`, src/faults.rs), so the test
+/// does not depend on when decoding happens to run.
+#[test]
+fn sigterm_while_decoding_exits_130_and_leaves_no_run_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("data");
+    folder(&root, &["a", "b"], 6);
+    let run = dir.path().join("run");
+    let out = train_cmd(&root, &run, "0.34", &[])
+        .env("EMBER_TERM_AT", "decode:image@2")
+        .timeout(Duration::from_secs(300))
+        .output()
+        .unwrap();
+    let (stderr, _) = outputs(&out);
+    assert_eq!(out.status.code(), Some(130), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        stderr.lines().filter(|l| l.starts_with("Error: ")).count(),
+        1,
+        "{stderr}"
+    );
+    assert!(!run.exists(), "the run directory was left");
+}

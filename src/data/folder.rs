@@ -282,6 +282,7 @@ pub fn load(root: &Path, name: &str, options: &LoadOptions) -> Result<Data, Data
                 .par_chunks_mut(shape.len())
                 .zip(entries.par_iter().zip(headers.par_iter()))
                 .map(|(out, (e, h))| {
+                    crate::faults::term_point("decode:image", stopped);
                     if stopped() {
                         return Err(DataError::Interrupted);
                     }
