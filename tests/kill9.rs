@@ -115,7 +115,8 @@ fn sigkill_at_every_point_never_costs_the_run() {
     // first and second training steps, in evaluation, after the checkpoint is committed.
     let mut epoch_done = load(&run).progress.epoch;
     let mut kills = Vec::new();
-    for name in POINTS {
+    // MNIST's IDX files decode no image file: decode:image is a folder's (tests/hostile.rs).
+    for name in POINTS.iter().filter(|p| !p.starts_with("decode:")) {
         let times = if name.starts_with("write:") {
             6
         } else if *name == "train:step" {
