@@ -72,11 +72,11 @@ fn arm(var: &str) -> Option<Armed> {
     })
 }
 
-impl Armed {
-    /// Whether this call at `name` is the one armed.
-    fn fires(&self, name: &str) -> bool {
-        self.point == name && self.reached.fetch_add(1, Ordering::SeqCst) + 1 == self.at
-    }
+/// Whether this call at `name` is the one `var` armed (`slot` keeps the parsed variable).
+fn fires(slot: &OnceLock<Option<Armed>>, var: &str, name: &str) -> bool {
+    slot.get_or_init(|| arm(var)).as_ref().is_some_and(|armed| {
+        armed.point == name && armed.reached.fetch_add(1, Ordering::SeqCst) + 1 == armed.at
+    })
 }
 
 /// Checks `EMBER_KILL_AT` and `EMBER_TERM_AT` when set: one line naming the value and the
@@ -97,11 +97,7 @@ pub fn check_env() -> Result<(), String> {
 pub fn point(name: &'static str) {
     debug_assert!(POINTS.contains(&name), "{name} is not in faults::POINTS");
     static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
-    if ARMED
-        .get_or_init(|| arm(VAR))
-        .as_ref()
-        .is_some_and(|a| a.fires(name))
-    {
+    if fires(&ARMED, VAR, name) {
         signal(libc::SIGKILL);
         // SIGKILL cannot be caught or ignored; delivery to ourselves happens before kill
         // returns, but wait rather than go on should it not.
@@ -117,11 +113,7 @@ pub fn point(name: &'static str) {
 pub fn term_point(name: &'static str, seen: impl Fn() -> bool) {
     point(name);
     static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
-    if ARMED
-        .get_or_init(|| arm(TERM_VAR))
-        .as_ref()
-        .is_some_and(|a| a.fires(name))
-    {
+    if fires(&ARMED, TERM_VAR, name) {
         signal(libc::SIGTERM);
         while !seen() {
             std::thread::yield_now();

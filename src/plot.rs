@@ -82,84 +82,73 @@ pub fn bar_chart(
     series: &[BarSeries],
 ) -> Result<(), PlotError> {
     png(path, (1000, 560), |root| {
-        draw_bars(root, path, title, y_label, groups, series)
-    })
-}
-
-fn draw_bars(
-    root: DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
-    path: &Path,
-    title: &str,
-    y_label: &str,
-    groups: &[String],
-    series: &[BarSeries],
-) -> Result<(), PlotError> {
-    let e = err(path);
-    root.fill(&WHITE).map_err(|x| e(x.to_string()))?;
-    let top = series
-        .iter()
-        .flat_map(|s| s.values.iter().flatten())
-        .filter(|v| plottable(**v))
-        .fold(0f64, |m, &v| m.max(v))
-        .max(1e-9)
-        * 1.18;
-    let n = series.len().max(1) as f64;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, (FAMILY, 22))
-        .margin(14)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(0f64..groups.len() as f64, 0f64..top)
-        .map_err(|x| e(x.to_string()))?;
-    chart
-        .configure_mesh()
-        .disable_x_mesh()
-        .x_labels(0)
-        .y_desc(y_label)
-        .label_style((FAMILY, 15))
-        .draw()
-        .map_err(|x| e(x.to_string()))?;
-    for (g, name) in groups.iter().enumerate() {
-        chart
-            .draw_series(std::iter::once(Text::new(
-                name.clone(),
-                (g as f64 + 0.42, -top * 0.03),
-                (FAMILY, 16).into_font(),
-            )))
+        let e = err(path);
+        root.fill(&WHITE).map_err(|x| e(x.to_string()))?;
+        let top = series
+            .iter()
+            .flat_map(|s| s.values.iter().flatten())
+            .filter(|v| plottable(**v))
+            .fold(0f64, |m, &v| m.max(v))
+            .max(1e-9)
+            * 1.18;
+        let n = series.len().max(1) as f64;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, (FAMILY, 22))
+            .margin(14)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0f64..groups.len() as f64, 0f64..top)
             .map_err(|x| e(x.to_string()))?;
-    }
-    for (i, s) in series.iter().enumerate() {
-        let color = PALETTE[i % PALETTE.len()];
-        let width = 0.8 / n;
-        let shown = |v: &Option<f64>| v.filter(|v| plottable(*v));
-        let bars = s.values.iter().enumerate().filter_map(|(g, v)| {
-            shown(v).map(|v| {
-                let x0 = g as f64 + 0.1 + i as f64 * width;
-                Rectangle::new([(x0, 0.0), (x0 + width * 0.92, v)], color.filled())
-            })
-        });
         chart
-            .draw_series(bars)
-            .map_err(|x| e(x.to_string()))?
-            .label(s.name.clone())
-            .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
-        let labels = s.values.iter().enumerate().filter_map(|(g, v)| {
-            shown(v).map(|v| {
-                let x0 = g as f64 + 0.1 + i as f64 * width;
-                Text::new(format_value(v), (x0, v + top * 0.01), (FAMILY, 13).into_font())
-            })
-        });
-        chart.draw_series(labels).map_err(|x| e(x.to_string()))?;
-    }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font((FAMILY, 15))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(|x| e(x.to_string()))?;
-    root.present().map_err(|x| e(x.to_string()))
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(0)
+            .y_desc(y_label)
+            .label_style((FAMILY, 15))
+            .draw()
+            .map_err(|x| e(x.to_string()))?;
+        for (g, name) in groups.iter().enumerate() {
+            chart
+                .draw_series(std::iter::once(Text::new(
+                    name.clone(),
+                    (g as f64 + 0.42, -top * 0.03),
+                    (FAMILY, 16).into_font(),
+                )))
+                .map_err(|x| e(x.to_string()))?;
+        }
+        for (i, s) in series.iter().enumerate() {
+            let color = PALETTE[i % PALETTE.len()];
+            let width = 0.8 / n;
+            let shown = |v: &Option<f64>| v.filter(|v| plottable(*v));
+            let bars = s.values.iter().enumerate().filter_map(|(g, v)| {
+                shown(v).map(|v| {
+                    let x0 = g as f64 + 0.1 + i as f64 * width;
+                    Rectangle::new([(x0, 0.0), (x0 + width * 0.92, v)], color.filled())
+                })
+            });
+            chart
+                .draw_series(bars)
+                .map_err(|x| e(x.to_string()))?
+                .label(s.name.clone())
+                .legend(move |(x, y)| Rectangle::new([(x, y - 6), (x + 14, y + 6)], color.filled()));
+            let labels = s.values.iter().enumerate().filter_map(|(g, v)| {
+                shown(v).map(|v| {
+                    let x0 = g as f64 + 0.1 + i as f64 * width;
+                    Text::new(format_value(v), (x0, v + top * 0.01), (FAMILY, 13).into_font())
+                })
+            });
+            chart.draw_series(labels).map_err(|x| e(x.to_string()))?;
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .label_font((FAMILY, 15))
+            .position(SeriesLabelPosition::UpperRight)
+            .draw()
+            .map_err(|x| e(x.to_string()))?;
+        root.present().map_err(|x| e(x.to_string()))
+    })
 }
 
 /// Whether a value can be placed on a chart: finite and small enough that an axis range around
@@ -216,90 +205,83 @@ pub struct Panel {
 /// Line charts side by side in one PNG (e.g. loss and accuracy per epoch).
 pub fn line_panels(path: &Path, x_label: &str, panels: &[Panel]) -> Result<(), PlotError> {
     png(path, (560 * panels.len() as u32, 420), |root| {
-        draw_panels(root, path, x_label, panels)
-    })
-}
-
-fn draw_panels(
-    root: DrawingArea<BitMapBackend<'_>, plotters::coord::Shift>,
-    path: &Path,
-    x_label: &str,
-    panels: &[Panel],
-) -> Result<(), PlotError> {
-    let e = err(path);
-    root.fill(&WHITE).map_err(|x| e(x.to_string()))?;
-    let areas = root.split_evenly((1, panels.len()));
-    for (area, panel) in areas.iter().zip(panels) {
-        // Points that cannot be drawn (infinite, NaN, beyond 1e15) are left out.
-        let lines: Vec<Vec<(f64, f64)>> = panel
-            .lines
-            .iter()
-            .map(|l| {
-                l.points
-                    .iter()
-                    .copied()
-                    .filter(|&(x, y)| plottable(x) && plottable(y))
-                    .collect()
-            })
-            .collect();
-        let points = || lines.iter().flatten();
-        let (x_min, x_max) = points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
-        let (y_min, y_max) = points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
-        let (x_min, x_max) = axis_range(x_min, x_max, 0.0);
-        let (y_min, y_max) = axis_range(y_min, y_max, 0.08);
-        let mut chart = ChartBuilder::on(area)
-            .caption(&panel.title, (FAMILY, 20))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(60)
-            .build_cartesian_2d(x_min..x_max, y_min..y_max)
-            .map_err(|x| e(x.to_string()))?;
-        chart
-            .configure_mesh()
-            .x_labels(((x_max - x_min).round() as usize + 1).clamp(2, 12))
-            .x_label_formatter(&|x| {
-                if (x - x.round()).abs() < 1e-9 {
-                    format!("{x:.0}")
-                } else {
-                    String::new()
-                }
-            })
-            .x_desc(x_label)
-            .y_desc(&panel.y_label)
-            .label_style((FAMILY, 14))
-            .draw()
-            .map_err(|x| e(x.to_string()))?;
-        for (line, points) in panel.lines.iter().zip(&lines) {
-            let color = PALETTE[line.colour % PALETTE.len()];
-            let width = if line.dots { 2 } else { 1 };
+        let e = err(path);
+        root.fill(&WHITE).map_err(|x| e(x.to_string()))?;
+        let areas = root.split_evenly((1, panels.len()));
+        for (area, panel) in areas.iter().zip(panels) {
+            // Points that cannot be drawn (infinite, NaN, beyond 1e15) are left out.
+            let lines: Vec<Vec<(f64, f64)>> = panel
+                .lines
+                .iter()
+                .map(|l| {
+                    l.points
+                        .iter()
+                        .copied()
+                        .filter(|&(x, y)| plottable(x) && plottable(y))
+                        .collect()
+                })
+                .collect();
+            let points = || lines.iter().flatten();
+            let (x_min, x_max) = points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.0), b.max(p.0)));
+            let (y_min, y_max) = points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
+            let (x_min, x_max) = axis_range(x_min, x_max, 0.0);
+            let (y_min, y_max) = axis_range(y_min, y_max, 0.08);
+            let mut chart = ChartBuilder::on(area)
+                .caption(&panel.title, (FAMILY, 20))
+                .margin(12)
+                .x_label_area_size(40)
+                .y_label_area_size(60)
+                .build_cartesian_2d(x_min..x_max, y_min..y_max)
+                .map_err(|x| e(x.to_string()))?;
             chart
-                .draw_series(plotters::series::LineSeries::new(
-                    points.iter().copied(),
-                    color.stroke_width(width),
-                ))
-                .map_err(|x| e(x.to_string()))?
-                .label(line.name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(width)));
-            if line.dots {
+                .configure_mesh()
+                .x_labels(((x_max - x_min).round() as usize + 1).clamp(2, 12))
+                .x_label_formatter(&|x| {
+                    if (x - x.round()).abs() < 1e-9 {
+                        format!("{x:.0}")
+                    } else {
+                        String::new()
+                    }
+                })
+                .x_desc(x_label)
+                .y_desc(&panel.y_label)
+                .label_style((FAMILY, 14))
+                .draw()
+                .map_err(|x| e(x.to_string()))?;
+            for (line, points) in panel.lines.iter().zip(&lines) {
+                let color = PALETTE[line.colour % PALETTE.len()];
+                let width = if line.dots { 2 } else { 1 };
                 chart
-                    .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                    .map_err(|x| e(x.to_string()))?;
+                    .draw_series(plotters::series::LineSeries::new(
+                        points.iter().copied(),
+                        color.stroke_width(width),
+                    ))
+                    .map_err(|x| e(x.to_string()))?
+                    .label(line.name.clone())
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(width))
+                    });
+                if line.dots {
+                    chart
+                        .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+                        .map_err(|x| e(x.to_string()))?;
+                }
             }
+            chart
+                .configure_series_labels()
+                .position(if panel.legend_low {
+                    SeriesLabelPosition::LowerRight
+                } else {
+                    SeriesLabelPosition::UpperRight
+                })
+                .background_style(WHITE.mix(0.7))
+                .border_style(BLACK)
+                .label_font((FAMILY, 14))
+                .draw()
+                .map_err(|x| e(x.to_string()))?;
         }
-        chart
-            .configure_series_labels()
-            .position(if panel.legend_low {
-                SeriesLabelPosition::LowerRight
-            } else {
-                SeriesLabelPosition::UpperRight
-            })
-            .background_style(WHITE.mix(0.7))
-            .border_style(BLACK)
-            .label_font((FAMILY, 14))
-            .draw()
-            .map_err(|x| e(x.to_string()))?;
-    }
-    root.present().map_err(|x| e(x.to_string()))
+        root.present().map_err(|x| e(x.to_string()))
+    })
 }
 
 #[cfg(test)]

@@ -50,11 +50,9 @@ pub fn check_new_run(
     device: Option<&crate::backend::Resolved>,
 ) -> Result<()> {
     config.check_input(fits)?;
-    // f32 pixels and an int label each (8 bytes on the CPU backends), as the data's budget.
-    let splits = [&data.train, &data.test];
-    let data_bytes = splits
+    let data_bytes = [&data.train, &data.test]
         .iter()
-        .map(|s| s.len() as u64 * (s.shape.len() as u64 * 4 + 8))
+        .map(|s| crate::data::dataset_bytes(s.len(), s.shape))
         .sum();
     config.check_activation_memory(
         activation_bytes(config.input),

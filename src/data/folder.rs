@@ -47,6 +47,8 @@ struct Header {
     colour: bool,
     /// Bytes a pixel takes as decoded (8 for 16-bit RGBA).
     bytes_per_pixel: u8,
+    /// PNG or JPEG, from the file's first bytes.
+    format: image::ImageFormat,
 }
 
 impl Header {
@@ -549,6 +551,7 @@ const METADATA_BYTES: u64 = 4 << 20;
 /// The file's size and colour from its header, checked against the per-image budget.
 fn header(path: &Path, max_pixels: u64) -> Result<Header, DataError> {
     let mut reader = open(path)?;
+    let format = reader.format().expect("open sets the format");
     let mut limits = image::Limits::default();
     limits.max_alloc = Some(METADATA_BYTES);
     reader.limits(limits);
@@ -564,6 +567,7 @@ fn header(path: &Path, max_pixels: u64) -> Result<Header, DataError> {
         height,
         colour,
         bytes_per_pixel: decoder.color_type().bytes_per_pixel(),
+        format,
     })
 }
 
@@ -597,13 +601,12 @@ fn decode_into(
     max_pixels: u64,
     out: &mut [u8],
 ) -> Result<(), DataError> {
-    let format = open(path)?.format().expect("open sets the format");
     let mut limits = image::Limits::default();
     limits.max_image_width = Some(header.width);
     limits.max_image_height = Some(header.height);
     let decoded = u64::from(header.width) * u64::from(header.height) * u64::from(header.bytes_per_pixel);
     limits.max_alloc = Some(decoded + METADATA_BYTES);
-    let img = decode_file(path, format, limits).map_err(|why| bad(path, why))?;
+    let img = decode_file(path, header.format, limits).map_err(|why| bad(path, why))?;
     check_size(path, img.width(), img.height(), max_pixels)?;
     to_chw(&img, shape, out);
     Ok(())

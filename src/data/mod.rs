@@ -12,7 +12,7 @@ pub mod pixels;
 mod spec;
 
 pub use device::{indices, DeviceSplit, Normalization, PerChannel};
-pub use options::{LoadOptions, LoadReport, DEFAULT_MAX_IMAGE_PIXELS};
+pub use options::{dataset_bytes, LoadOptions, LoadReport, DEFAULT_MAX_IMAGE_PIXELS};
 pub use spec::{convert, load, DatasetSpec};
 
 use std::fmt;

@@ -134,6 +134,12 @@ impl LoadReport {
     }
 }
 
+/// Device memory of `images` of `shape`: f32 pixels plus an int label each (8 bytes on the CPU
+/// backends).
+pub fn dataset_bytes(images: usize, shape: ImageShape) -> u64 {
+    images as u64 * (shape.len() as u64 * 4 + 8)
+}
+
 /// Fails when `images` of `shape` would take more than the budget on the device; returns the
 /// bytes they take.
 pub(super) fn check_memory(
@@ -142,8 +148,7 @@ pub(super) fn check_memory(
     shape: ImageShape,
     options: &LoadOptions,
 ) -> Result<u64, DataError> {
-    // f32 pixels plus an int label each (8 bytes on the CPU backends).
-    let need = images as u64 * (shape.len() as u64 * 4 + 8);
+    let need = dataset_bytes(images, shape);
     if need > options.max_memory {
         return Err(DataError::TooLarge {
             dataset: dataset.to_string(),
