@@ -42,6 +42,21 @@ pub enum Scenario {
     Tch256,
     /// FlashlightCnn, batch 64, SGD (flashlight's example).
     Flash64,
+    /// ResNet-20, batch 128, the resnet-fashion recipe (Nesterov SGD, one-cycle, label smoothing,
+    /// shifts and flips) on 1x28x28 images.
+    #[value(name = "resnet20-128")]
+    #[serde(rename = "resnet20-128")]
+    Resnet20_128,
+    /// ResNet-18 (CIFAR stem), batch 128, resnet-fashion's optimizer and augmentation, on 3x32x32
+    /// images: MNIST's digits centred on a 32x32 canvas in three channels (CIFAR's shape; no
+    /// CIFAR download reaches these machines). 10,000 training and 1,000 test images.
+    #[value(name = "resnet18-128")]
+    #[serde(rename = "resnet18-128")]
+    Resnet18_128,
+    /// SpeedrunNet, batch 256, the speedrun recipe (Nesterov SGD, one-cycle, shifts).
+    #[value(name = "speedrun-256")]
+    #[serde(rename = "speedrun-256")]
+    Speedrun256,
 }
 
 impl Scenario {
@@ -53,8 +68,79 @@ impl Scenario {
             Self::Net4096 => "net4096",
             Self::Tch256 => "tch256",
             Self::Flash64 => "flash64",
+            Self::Resnet20_128 => "resnet20-128",
+            Self::Resnet18_128 => "resnet18-128",
+            Self::Speedrun256 => "speedrun-256",
         }
     }
+
+    /// Whether the scenario trains with a recipe of its own (optimizer parameter groups,
+    /// schedule, label smoothing, augmentation), which `benches/pytorch/bench.py` reads from the
+    /// scenario's `config.json` (`--config`) rather than from its own table; the seed scenarios'
+    /// PyTorch side predates that and also has a dataloader mode (the seed examples' input
+    /// pipelines).
+    pub fn modern(self) -> bool {
+        matches!(self, Self::Resnet20_128 | Self::Resnet18_128 | Self::Speedrun256)
+    }
+
+    /// What to measure when the command line does not say: ResNet-18's step takes seconds on
+    /// a CPU, so it gets fewer steps than the others.
+    pub fn default_settings(self) -> Settings {
+        match self {
+            Self::Resnet18_128 => Settings {
+                warmup_steps: 2,
+                timed_steps: 3,
+                repeats: 3,
+                eval_repeats: 2,
+                full_epoch: false,
+            },
+            _ => Settings::default(),
+        }
+    }
+
+    /// The scenario's images from the MNIST-format `data`: as they are, or for
+    /// [`Self::Resnet18_128`] each digit centred on a 32x32 canvas (2 pixels of background each
+    /// side) and repeated in three channels; `benches/pytorch/bench.py` builds the same.
+    pub fn images(self, mut data: Data) -> Data {
+        if self != Self::Resnet18_128 {
+            return data;
+        }
+        for split in [&mut data.train, &mut data.test] {
+            *split = colour_canvas(split, 32);
+        }
+        data
+    }
+}
+
+/// `split`'s single-channel images centred on a `size` x `size` canvas of zeros, in three
+/// channels.
+fn colour_canvas(split: &crate::data::Split, size: usize) -> crate::data::Split {
+    let from = split.shape;
+    assert!(from.channels == 1 && from.height <= size && from.width <= size);
+    let shape = crate::data::ImageShape {
+        channels: 3,
+        height: size,
+        width: size,
+    };
+    let (top, left) = ((size - from.height) / 2, (size - from.width) / 2);
+    let mut images = vec![0u8; split.len() * shape.len()];
+    for (i, out) in images.chunks_exact_mut(shape.len()).enumerate() {
+        let image = split.image(i);
+        for plane in out.chunks_exact_mut(size * size) {
+            for (y, row) in image.chunks_exact(from.width).enumerate() {
+                let at = (top + y) * size + left;
+                plane[at..at + from.width].copy_from_slice(row);
+            }
+        }
+    }
+    crate::data::Split {
+        images,
+        labels: split.labels.clone(),
+        shape,
+    }
+}
+
+impl Scenario {
 
     /// The recipe's settings at this scenario's batch size.
     pub fn config(self) -> TrainConfig {
@@ -65,12 +151,36 @@ impl Scenario {
             Self::Net4096 => (Recipe::PytorchExample, 4096),
             Self::Tch256 => (Recipe::Tch, 256),
             Self::Flash64 => (Recipe::Flashlight, 64),
+            Self::Resnet20_128 => (Recipe::ResnetFashion, 128),
+            Self::Resnet18_128 => (Recipe::ResnetFashion, 128),
+            Self::Speedrun256 => (Recipe::Speedrun, 256),
         };
-        TrainConfig {
+        let config = TrainConfig {
             batch_size,
             test_batch_size: 1000,
             valid_size: 0,
             ..recipe.config()
+        };
+        // The scenarios read MNIST (data/mnist): Fashion-MNIST has the same shape and cost.
+        let mnist = TrainConfig {
+            dataset: crate::data::DatasetSpec::MNIST,
+            normalization: crate::data::Normalization::mnist(),
+            ..config.clone()
+        };
+        match self {
+            Self::Resnet20_128 => mnist,
+            Self::Resnet18_128 => TrainConfig {
+                model: crate::model::ModelKind::Resnet18.into(),
+                input: crate::data::ImageShape {
+                    channels: 3,
+                    height: 32,
+                    width: 32,
+                },
+                limit_train: Some(10_000),
+                limit_test: Some(1_000),
+                ..mnist
+            },
+            _ => config,
         }
     }
 }
@@ -95,6 +205,30 @@ impl Default for Settings {
             repeats: 5,
             eval_repeats: 3,
             full_epoch: false,
+        }
+    }
+}
+
+/// The measurement flags a command line gave; the rest come from the scenario.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Overrides {
+    pub warmup_steps: Option<usize>,
+    pub timed_steps: Option<usize>,
+    pub repeats: Option<usize>,
+    pub eval_repeats: Option<usize>,
+    pub full_epoch: bool,
+}
+
+impl Overrides {
+    /// `scenario`'s default settings with these overrides.
+    pub fn settings(&self, scenario: Scenario) -> Settings {
+        let d = scenario.default_settings();
+        Settings {
+            warmup_steps: self.warmup_steps.unwrap_or(d.warmup_steps),
+            timed_steps: self.timed_steps.unwrap_or(d.timed_steps),
+            repeats: self.repeats.unwrap_or(d.repeats),
+            eval_repeats: self.eval_repeats.unwrap_or(d.eval_repeats),
+            full_epoch: self.full_epoch || d.full_epoch,
         }
     }
 }
@@ -486,6 +620,44 @@ mod tests {
             Scenario::Tch256.config().optimizer.kind,
             crate::optim::OptimizerKind::Adam
         );
+    }
+
+    /// benches/schema.json lists the scenarios and their models: the same as this enum.
+    #[test]
+    fn the_schema_lists_every_scenario_and_model() {
+        let schema: serde_json::Value = serde_json::from_str(include_str!("../benches/schema.json")).unwrap();
+        let listed = |key: &str| -> Vec<String> {
+            schema["properties"][key]["enum"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect()
+        };
+        let names: Vec<String> = Scenario::value_variants().iter().map(|s| s.name().to_string()).collect();
+        assert_eq!(listed("scenario"), names);
+        for s in Scenario::value_variants() {
+            let model = s.config().model.name().to_string();
+            assert!(listed("model").contains(&model), "{model} of {} not in the schema", s.name());
+            // clap's and serde's spellings are the name.
+            assert_eq!(s.to_possible_value().unwrap().get_name(), s.name());
+            assert_eq!(serde_json::to_value(s).unwrap(), s.name());
+        }
+    }
+
+    /// ResNet-18's scenario: CIFAR's shape from MNIST's digits, centred in three channels.
+    #[test]
+    fn colour_canvas_centres_the_digit_in_each_channel() {
+        let split = crate::data::Split {
+            images: (1..=4).collect(),
+            labels: vec![7],
+            shape: crate::data::ImageShape { channels: 1, height: 2, width: 2 },
+        };
+        let c = colour_canvas(&split, 4);
+        assert_eq!(c.shape, crate::data::ImageShape { channels: 3, height: 4, width: 4 });
+        let plane = [0, 0, 0, 0, 0, 1, 2, 0, 0, 3, 4, 0, 0, 0, 0, 0];
+        assert_eq!(c.images, [plane, plane, plane].concat());
+        assert_eq!(c.labels, [7]);
     }
 
     #[test]

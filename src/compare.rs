@@ -13,14 +13,15 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::backend::{self, DeviceArg, Resolved};
-use crate::bench::{BenchRecord, Scenario, Settings};
+use crate::bench::{BenchRecord, Overrides, Scenario, Settings};
 use crate::plot::{bar_chart, BarSeries};
 
 /// What to compare and where.
 pub struct CompareOptions {
     pub device: DeviceArg,
     pub scenarios: Vec<Scenario>,
-    pub settings: Settings,
+    /// The measurement flags given; each scenario's defaults fill the rest.
+    pub settings: Overrides,
     pub python: String,
     pub script: PathBuf,
     pub data_dir: PathBuf,
@@ -121,10 +122,11 @@ pub fn run(opts: &CompareOptions) -> Result<PathBuf> {
     let tmp = tempfile_dir()?;
     let mut measurements = Vec::new();
     for &scenario in &opts.scenarios {
+        let settings = opts.settings.settings(scenario);
         let json = tmp.join(format!("ember-{}.json", scenario.name()));
         let mut cmd = Command::new(&exe);
         cmd.args(["bench", "--scenario", scenario.name(), "--device", &device_arg])
-            .args(measure_args(&opts.settings))
+            .args(measure_args(&settings))
             .arg("--data-dir")
             .arg(&opts.data_dir)
             .arg("--offline")
@@ -137,9 +139,18 @@ pub fn run(opts: &CompareOptions) -> Result<PathBuf> {
         });
         let modes = if opts.without_pytorch {
             &[][..]
+        } else if scenario.modern() {
+            // The twin of a recipe's input pipeline is ember's: the data on the device.
+            &pytorch_modes(gpu)[..1]
         } else {
             pytorch_modes(gpu)
         };
+        // The modern scenarios' PyTorch side reads the recipe from ember's own config.
+        let config = tmp.join(format!("config-{}.json", scenario.name()));
+        if scenario.modern() {
+            std::fs::write(&config, serde_json::to_string_pretty(&scenario.config())?)
+                .with_context(|| format!("cannot write {}", config.display()))?;
+        }
         for mode in modes {
             let json = tmp.join(format!("pytorch-{}-{mode}.json", scenario.name()));
             let mut cmd = Command::new(&opts.python);
@@ -153,11 +164,14 @@ pub fn run(opts: &CompareOptions) -> Result<PathBuf> {
                     &device_arg,
                 ])
                 .args(["--threads", &threads.to_string()])
-                .args(measure_args(&opts.settings))
+                .args(measure_args(&settings))
                 .arg("--data-dir")
                 .arg(&opts.data_dir)
                 .arg("--json")
                 .arg(&json);
+            if scenario.modern() {
+                cmd.arg("--config").arg(&config);
+            }
             measurements.push(Measurement {
                 label: format!("{} pytorch {mode}", scenario.name()),
                 cmd,
@@ -385,13 +399,36 @@ fn setup_note(records: &[BenchRecord], opts: &CompareOptions, device: &Resolved)
             .find(|r| r.framework == fw)
             .map_or("–".to_string(), |r| r.framework_version.clone())
     };
-    let s = &opts.settings;
+    // One line per distinct setting, naming its scenarios when they differ.
+    let mut groups: Vec<(Settings, Vec<&str>)> = Vec::new();
+    for &sc in &opts.scenarios {
+        let set = opts.settings.settings(sc);
+        match groups.iter_mut().find(|(s, _)| *s == set) {
+            Some((_, names)) => names.push(sc.name()),
+            None => groups.push((set, vec![sc.name()])),
+        }
+    }
+    let per_measurement: String = groups
+        .iter()
+        .map(|(s, names)| {
+            let which = if groups.len() > 1 {
+                format!(" ({})", names.join(", "))
+            } else {
+                String::new()
+            };
+            format!(
+                "- per measurement{which}: {} warm-up steps, {} repeats of {} timed steps (device synchronised at the end of each), eval: 1 untimed + {} timed passes over the test images in batches of 1,000\n",
+                s.warmup_steps, s.repeats, s.timed_steps, s.eval_repeats
+            )
+        })
+        .collect();
+    let full_epoch = opts.settings.full_epoch;
     format!(
         "# ember vs PyTorch, {}\n\n\
          - host: {} ({cpu}), {} compute threads on both sides\n\
          - device: {}\n\
          - ember {}, PyTorch {}\n\
-         - per measurement: {} warm-up steps, {} repeats of {} timed steps (device synchronised at the end of each), eval: 1 untimed + {} timed passes over the 10,000 test images in batches of 1,000\n\
+         {per_measurement}\
          - epoch time: {}\n\
          - command: `{}`\n",
         records.first().map_or("", |r| r.timestamp.as_str()),
@@ -403,11 +440,7 @@ fn setup_note(records: &[BenchRecord], opts: &CompareOptions, device: &Resolved)
         },
         version("ember"),
         version("pytorch"),
-        s.warmup_steps,
-        s.repeats,
-        s.timed_steps,
-        s.eval_repeats,
-        if s.full_epoch { "one full epoch timed" } else { "estimated as median step x steps per epoch" },
+        if full_epoch { "one full epoch timed" } else { "estimated as median step x steps per epoch" },
         std::env::args().collect::<Vec<_>>().join(" "),
     )
 }

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from models import MODELS, load_split, optimizer  # noqa: E402
 from schema_check import validate  # noqa: E402
+import recipe  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -53,7 +54,12 @@ SCENARIOS = {
     "tch256": ("tch-net", 256),
     "flash64": ("flashlight-cnn", 64),
 }
-# Forward multiply-accumulates per image (ember's ModelKind::forward_macs_per_image).
+# The modern scenarios train with a recipe of their own (parameter groups, one-cycle schedule,
+# label smoothing, augmentation): ember compare passes the scenario's config.json (--config),
+# read with recipe.py's functions, so both sides take the settings from ember's one source.
+MODERN = {"resnet20-128", "resnet18-128", "speedrun-256"}
+# Forward multiply-accumulates per image (ember's ModelKind::layers, checked against forward
+# hooks by layer_counts.py) at the scenario's input shape.
 FORWARD_MACS = {"pytorch-example-net": 11_992_448, "tch-net": 11_992_448, "flashlight-cnn": 13_883_904}
 
 
@@ -123,6 +129,29 @@ def precision(device):
     return "tf32" if matmul and conv else "tf32-conv" if conv else "f32"
 
 
+def forward_macs(model, image):
+    """Multiply-accumulates of the convolutions and linear layers for one image, by forward hooks
+    (as layer_counts.py checks ember's ModelKind::layers)."""
+    total = 0
+
+    def hook(m, inp, out):
+        nonlocal total
+        if isinstance(m, torch.nn.Conv2d):
+            total += out.numel() * (m.in_channels // m.groups) * m.kernel_size[0] * m.kernel_size[1]
+        elif isinstance(m, torch.nn.Linear):
+            total += out.numel() * m.in_features
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        model(image)
+    model.train(was_training)
+    for h in handles:
+        h.remove()
+    return total
+
+
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -148,7 +177,8 @@ def official_loader(data_dir, batch, device, mean, std):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", required=True, choices=SCENARIOS)
+    ap.add_argument("--scenario", required=True, choices=[*SCENARIOS, *sorted(MODERN)])
+    ap.add_argument("--config", help="the scenario's config.json (ember compare writes it); the modern scenarios need it")
     ap.add_argument("--mode", required=True, choices=["dataloader", "preloaded", "preloaded-tf32", "preloaded-cudnn-benchmark"])
     ap.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (pin to ember's)")
@@ -184,14 +214,48 @@ def main():
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
-    model_name, batch = SCENARIOS[args.scenario]
-    make, log_probs, opt_name, lr, (mean, std) = MODELS[model_name]
-    x_train, y_train = load_split(args.data_dir, "train", mean, std)
-    x_test, y_test = load_split(args.data_dir, "test", mean, std)
+    augment = None
+    if args.scenario in MODERN:
+        if not args.config:
+            sys.exit(f"error: --scenario {args.scenario} needs --config (ember compare writes the scenario's config.json)")
+        if args.mode not in ("preloaded", "preloaded-tf32", "preloaded-cudnn-benchmark"):
+            sys.exit(f"error: --scenario {args.scenario} runs preloaded modes only (its twin's input pipeline is ember's)")
+        cfg = json.loads(pathlib.Path(args.config).read_text())
+        model_name, batch = cfg["model"], cfg["batch_size"]
+        shape = cfg["input"]
+        mean, std = cfg["normalization"]["mean"], cfg["normalization"]["std"]
+        x_train, y_train = load_split(args.data_dir, "train", mean, std)
+        x_test, y_test = load_split(args.data_dir, "test", mean, std)
+        if cfg.get("limit_train"):
+            x_train, y_train = x_train[:cfg["limit_train"]], y_train[:cfg["limit_train"]]
+        if cfg.get("limit_test"):
+            x_test, y_test = x_test[:cfg["limit_test"]], y_test[:cfg["limit_test"]]
+        if shape["channels"] == 3:
+            # ember's Scenario::images: each digit centred on a 32x32 canvas of background
+            # (raw 0, normalised), repeated in three channels.
+            pad = ((shape["width"] - 28) // 2, (shape["width"] - 28 + 1) // 2,
+                   (shape["height"] - 28) // 2, (shape["height"] - 28 + 1) // 2)
+            x_train, x_test = (F.pad(x, pad, value=(0.0 - mean) / std).expand(-1, 3, -1, -1).contiguous()
+                               for x in (x_train, x_test))
+        model = recipe.MODELS[model_name](in_channels=shape["channels"]).to(device)
+        opt = recipe.build_optimizer(cfg, model)
+        sched, per_step = recipe.build_schedule(cfg, opt, -(-len(y_train) // batch))
+        smoothing = cfg.get("label_smoothing", 0.0)
+        loss_fn = lambda out, y: F.cross_entropy(out, y, label_smoothing=smoothing)  # noqa: E731
+        aug = cfg.get("augment", {"translate": 0, "flip": False})
+        if aug["translate"] or aug["flip"]:
+            augment = (aug, (0.0 - mean) / std)
+        opt_name = cfg["optimizer"]["kind"]
+    else:
+        model_name, batch = SCENARIOS[args.scenario]
+        make, log_probs, opt_name, lr, (mean, std) = MODELS[model_name]
+        x_train, y_train = load_split(args.data_dir, "train", mean, std)
+        x_test, y_test = load_split(args.data_dir, "test", mean, std)
+        model = make().to(device)
+        opt = optimizer(opt_name, model.parameters(), lr)
+        sched, per_step = None, False
+        loss_fn = (lambda out, y: F.nll_loss(out, y)) if log_probs else (lambda out, y: F.cross_entropy(out, y))
     x_test, y_test = x_test.to(device), y_test.to(device)
-    model = make().to(device)
-    opt = optimizer(opt_name, model.parameters(), lr)
-    loss_fn = (lambda out, y: F.nll_loss(out, y)) if log_probs else (lambda out, y: F.cross_entropy(out, y))
 
     def evaluate():
         model.eval()
@@ -233,9 +297,20 @@ def main():
         def batches():
             while True:
                 perm = torch.randperm(len(y_dev), device=device)
+                if augment:
+                    # As recipe.py (and ember's src/augment.rs): shifts and flips drawn per
+                    # epoch, applied to each gathered batch on the device.
+                    (aug, fill), n, t = augment, len(y_dev), augment[0]["translate"]
+                    dy = torch.randint(-t, t + 1, (n,), device=device)
+                    dx = torch.randint(-t, t + 1, (n,), device=device)
+                    flip = ((torch.rand(n, device=device) < 0.5).long() if aug["flip"]
+                            else torch.zeros(n, dtype=torch.long, device=device))
                 for i in range(0, len(perm), batch):
                     idx = perm[i:i + batch]
-                    yield x_dev.index_select(0, idx), y_dev.index_select(0, idx)
+                    x = x_dev.index_select(0, idx)
+                    if augment:
+                        x = recipe.augment(x, dy[i:i + batch], dx[i:i + batch], flip[i:i + batch], fill)
+                    yield x, y_dev.index_select(0, idx)
 
     stream = batches()
 
@@ -245,6 +320,8 @@ def main():
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
+        if per_step:
+            sched.step()
         return loss
 
     model.train()
@@ -280,7 +357,7 @@ def main():
         shutil.rmtree(tmp_root, ignore_errors=True)
 
     images_per_sec = batch / (train_ms["median"] / 1e3)
-    flops = 6.0 * FORWARD_MACS[model_name]
+    flops = 6.0 * (forward_macs(model, x_test[:1]) if args.scenario in MODERN else FORWARD_MACS[model_name])
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         dev = f"cuda:{device.index or 0} ({name})"

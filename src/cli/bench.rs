@@ -12,32 +12,35 @@ use crate::model::ModelName;
 use crate::registry;
 use crate::tasks::BenchJob;
 
-/// How much `ember bench` and `ember compare` measure.
+/// How much `ember bench` and `ember compare` measure; a flag not given takes the scenario's
+/// default (`Scenario::default_settings`: fewer steps for resnet18-128, whose step takes seconds
+/// on a CPU).
 #[derive(Debug, Args)]
 pub struct MeasureArgs {
-    /// Untimed training steps before timing.
-    #[arg(long, default_value_t = 10)]
-    pub warmup: usize,
-    /// Training steps per timed repeat.
-    #[arg(long, default_value_t = 20)]
-    pub steps: usize,
-    /// Timed repeats (median, min and max are over these).
-    #[arg(long, default_value_t = 5)]
-    pub repeats: usize,
-    /// Timed passes over the test set for evaluation throughput.
-    #[arg(long, default_value_t = 3)]
-    pub eval_repeats: usize,
+    /// Untimed training steps before timing [default: 10; resnet18-128: 2].
+    #[arg(long)]
+    pub warmup: Option<usize>,
+    /// Training steps per timed repeat [default: 20; resnet18-128: 3].
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Timed repeats (median, min and max are over these) [default: 5; resnet18-128: 3].
+    #[arg(long)]
+    pub repeats: Option<usize>,
+    /// Timed passes over the test set for evaluation throughput [default: 3; resnet18-128: 2].
+    #[arg(long)]
+    pub eval_repeats: Option<usize>,
     /// Also time one full training epoch instead of estimating it from the step time.
     #[arg(long)]
     pub full_epoch: bool,
 }
 
 impl MeasureArgs {
-    pub(super) fn settings(&self) -> Result<crate::bench::Settings> {
+    /// The flags as given, checked.
+    pub(super) fn overrides(&self) -> Result<crate::bench::Overrides> {
         for (flag, v) in [("--steps", self.steps), ("--repeats", self.repeats)] {
-            anyhow::ensure!(v > 0, "{flag} must be at least 1");
+            anyhow::ensure!(v != Some(0), "{flag} must be at least 1");
         }
-        Ok(crate::bench::Settings {
+        Ok(crate::bench::Overrides {
             warmup_steps: self.warmup,
             timed_steps: self.steps,
             repeats: self.repeats,
@@ -69,9 +72,9 @@ pub struct BenchArgs {
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
-    let settings = args.measure.settings()?;
+    let settings = args.measure.overrides()?.settings(args.scenario);
     backend::resolve(args.device)?;
-    let data = Data::load(&args.data.source(Dataset::Mnist))?;
+    let data = args.scenario.images(Data::load(&args.data.source(Dataset::Mnist))?);
     let name = args.model.clone().unwrap_or_else(|| args.scenario.config().model);
     let model = registry::global().get(name.name())?;
     let record = model.bench(

@@ -69,7 +69,7 @@ pub fn run(args: CompareArgs) -> Result<()> {
     let options = crate::compare::CompareOptions {
         device: args.device,
         scenarios: args.scenarios,
-        settings: args.measure.settings()?,
+        settings: args.measure.overrides()?,
         python: args.python,
         script: args.pytorch_script,
         data_dir: args
