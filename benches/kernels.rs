@@ -4,6 +4,7 @@
 //! ReLU fused as the models call it.
 
 use divan::counter::ItemsCount;
+use ember_kernels::cpu::batch_norm::{batch_norm_backward, batch_stats, inv_std, normalise, to_f32, BnShape};
 use ember_kernels::cpu::conv::{conv2d_backward, conv2d_forward, ConvShape, PadMode};
 use ember_kernels::cpu::dropout::{dropout_backward, dropout_forward, DropoutMask};
 use ember_kernels::cpu::linear::{linear_backward, linear_forward, LinearShape};
@@ -36,7 +37,7 @@ const fn conv(
 }
 
 /// (name, shape, whether the input gradient is needed: not for a first layer).
-const CONVS: [(&str, ConvShape, bool); 4] = [
+const CONVS: [(&str, ConvShape, bool); 9] = [
     (
         "net.conv1 1x28x28->32 3x3",
         conv(1, 32, 28, 3, 0, PadMode::Zeros),
@@ -57,6 +58,32 @@ const CONVS: [(&str, ConvShape, bool); 4] = [
         conv(32, 64, 14, 5, 2, PadMode::Replicate),
         true,
     ),
+    // The modern models' 3x3 pad-1 layers (issue 24's scenarios).
+    (
+        "resnet20.stage1 16x28x28->16 3x3",
+        conv(16, 16, 28, 3, 1, PadMode::Zeros),
+        true,
+    ),
+    (
+        "resnet20.stage2 32x14x14->32 3x3",
+        conv(32, 32, 14, 3, 1, PadMode::Zeros),
+        true,
+    ),
+    (
+        "resnet20.stage3 64x7x7->64 3x3",
+        conv(64, 64, 7, 3, 1, PadMode::Zeros),
+        true,
+    ),
+    (
+        "speedrun.block2 32x14x14->64 3x3",
+        conv(32, 64, 14, 3, 1, PadMode::Zeros),
+        true,
+    ),
+    (
+        "resnet18.stage1 64x32x32->64 3x3",
+        conv(64, 64, 32, 3, 1, PadMode::Zeros),
+        true,
+    ),
 ];
 
 fn ramp(n: usize) -> Vec<f32> {
@@ -65,7 +92,7 @@ fn ramp(n: usize) -> Vec<f32> {
         .collect()
 }
 
-#[divan::bench(args = [0, 1, 2, 3], sample_count = 20)]
+#[divan::bench(args = [0, 1, 2, 3, 4, 5, 6, 7, 8], sample_count = 20)]
 fn conv2d_fwd(bencher: divan::Bencher, which: usize) {
     let (_, s, _) = CONVS[which];
     let (x, w, b) = (
@@ -79,7 +106,7 @@ fn conv2d_fwd(bencher: divan::Bencher, which: usize) {
         .bench_local(|| conv2d_forward(&s, &x, &w, Some(&b), true, &mut out));
 }
 
-#[divan::bench(args = [0, 1, 2, 3], sample_count = 20)]
+#[divan::bench(args = [0, 1, 2, 3, 4, 5, 6, 7, 8], sample_count = 20)]
 fn conv2d_bwd(bencher: divan::Bencher, which: usize) {
     let (_, s, input_grad) = CONVS[which];
     let (x, w, dy) = (
@@ -256,5 +283,81 @@ fn dropout(bencher: divan::Bencher, which: &str) {
     bencher.counter(ItemsCount::new(n)).bench_local(|| {
         dropout_forward(&mask, scale, &x, &mut y);
         dropout_backward(&mask, scale, &x, &mut dx);
+    });
+}
+
+/// Batch norm at the modern models' hot shapes, batch 128 (issue 24): `[batch, channels, plane]`.
+const BATCH_NORMS: [(&str, BnShape); 4] = [
+    (
+        "resnet20.stage1 128x16x28x28",
+        BnShape {
+            batch: 128,
+            channels: 16,
+            plane: 784,
+        },
+    ),
+    (
+        "resnet20.stage3 128x64x7x7",
+        BnShape {
+            batch: 128,
+            channels: 64,
+            plane: 49,
+        },
+    ),
+    (
+        "speedrun.block1 256x32x28x28",
+        BnShape {
+            batch: 256,
+            channels: 32,
+            plane: 784,
+        },
+    ),
+    (
+        "resnet18.stage1 128x64x32x32",
+        BnShape {
+            batch: 128,
+            channels: 64,
+            plane: 1024,
+        },
+    ),
+];
+
+/// Training-mode forward: the batch's statistics, then normalisation with the fused ReLU.
+#[divan::bench(args = [0, 1, 2, 3], sample_count = 20)]
+fn batch_norm_fwd(bencher: divan::Bencher, which: usize) {
+    let (_, s) = BATCH_NORMS[which];
+    let x = ramp(s.len());
+    let (w, b) = (ramp(s.channels), ramp(s.channels));
+    let mut y = vec![0.0; s.len()];
+    bencher.counter(ItemsCount::new(s.len())).bench_local(|| {
+        let (mean, var) = batch_stats(&s, &x);
+        let inv = inv_std(&var, 1e-5);
+        normalise(&s, &x, &to_f32(&mean), &to_f32(&inv), &w, &b, true, &mut y);
+    });
+}
+
+/// Backward through the fused ReLU: input, scale and shift gradients.
+#[divan::bench(args = [0, 1, 2, 3], sample_count = 20)]
+fn batch_norm_bwd(bencher: divan::Bencher, which: usize) {
+    let (_, s) = BATCH_NORMS[which];
+    let (x, dy, y) = (ramp(s.len()), ramp(s.len()), ramp(s.len()));
+    let w = ramp(s.channels);
+    let (mean, var) = batch_stats(&s, &x);
+    let inv = inv_std(&var, 1e-5);
+    let mut dx = vec![0.0; s.len()];
+    let (mut dw, mut db) = (vec![0.0; s.channels], vec![0.0; s.channels]);
+    bencher.counter(ItemsCount::new(s.len())).bench_local(|| {
+        batch_norm_backward(
+            &s,
+            &x,
+            &mean,
+            &inv,
+            &w,
+            &dy,
+            Some(&y),
+            Some(&mut dx),
+            Some(&mut dw),
+            Some(&mut db),
+        )
     });
 }

@@ -141,7 +141,6 @@ fn colour_canvas(split: &crate::data::Split, size: usize) -> crate::data::Split 
 }
 
 impl Scenario {
-
     /// The recipe's settings at this scenario's batch size.
     pub fn config(self) -> TrainConfig {
         let (recipe, batch_size) = match self {
@@ -634,11 +633,18 @@ mod tests {
                 .map(|v| v.as_str().unwrap().to_string())
                 .collect()
         };
-        let names: Vec<String> = Scenario::value_variants().iter().map(|s| s.name().to_string()).collect();
+        let names: Vec<String> = Scenario::value_variants()
+            .iter()
+            .map(|s| s.name().to_string())
+            .collect();
         assert_eq!(listed("scenario"), names);
         for s in Scenario::value_variants() {
             let model = s.config().model.name().to_string();
-            assert!(listed("model").contains(&model), "{model} of {} not in the schema", s.name());
+            assert!(
+                listed("model").contains(&model),
+                "{model} of {} not in the schema",
+                s.name()
+            );
             // clap's and serde's spellings are the name.
             assert_eq!(s.to_possible_value().unwrap().get_name(), s.name());
             assert_eq!(serde_json::to_value(s).unwrap(), s.name());
@@ -651,10 +657,21 @@ mod tests {
         let split = crate::data::Split {
             images: (1..=4).collect(),
             labels: vec![7],
-            shape: crate::data::ImageShape { channels: 1, height: 2, width: 2 },
+            shape: crate::data::ImageShape {
+                channels: 1,
+                height: 2,
+                width: 2,
+            },
         };
         let c = colour_canvas(&split, 4);
-        assert_eq!(c.shape, crate::data::ImageShape { channels: 3, height: 4, width: 4 });
+        assert_eq!(
+            c.shape,
+            crate::data::ImageShape {
+                channels: 3,
+                height: 4,
+                width: 4
+            }
+        );
         let plane = [0, 0, 0, 0, 0, 1, 2, 0, 0, 3, 4, 0, 0, 0, 0, 0];
         assert_eq!(c.images, [plane, plane, plane].concat());
         assert_eq!(c.labels, [7]);

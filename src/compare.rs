@@ -440,7 +440,11 @@ fn setup_note(records: &[BenchRecord], opts: &CompareOptions, device: &Resolved)
         },
         version("ember"),
         version("pytorch"),
-        if full_epoch { "one full epoch timed" } else { "estimated as median step x steps per epoch" },
+        if full_epoch {
+            "one full epoch timed"
+        } else {
+            "estimated as median step x steps per epoch"
+        },
         std::env::args().collect::<Vec<_>>().join(" "),
     )
 }

@@ -80,7 +80,8 @@ struct ConvCase {
 
 fn conv_case() -> impl Strategy<Value = ConvCase> {
     (
-        (1usize..4, 1usize..6, 1usize..7),
+        // In-channels from 8 up run as shifted GEMMs (conv.rs `is_shifted`), below through im2col.
+        (1usize..4, 1usize..12, 1usize..7),
         (1usize..6, 1usize..6, 0usize..3, 0usize..3),
         (1usize..3, 1usize..3, 0usize..3, 0usize..3),
         (prop::bool::ANY, prop::bool::ANY, prop::bool::ANY),
@@ -279,6 +280,15 @@ fn seed_model_layers_match_burn() {
         layer(1, 32, 28, 5, 2, PadMode::Replicate, 64),
         layer(32, 64, 14, 5, 2, PadMode::Replicate, 64),
         // ResNet-class shapes: 3x3 pad 1 stride 1 and 2, 1x1 stride 2.
+        ConvCase {
+            bias: false,
+            ..layer(16, 16, 28, 3, 1, PadMode::Zeros, 3)
+        },
+        ConvCase {
+            bias: false,
+            relu: false,
+            ..layer(64, 64, 7, 3, 1, PadMode::Zeros, 2)
+        },
         ConvCase {
             stride: [2, 2],
             ..layer(16, 32, 16, 3, 1, PadMode::Zeros, 3)

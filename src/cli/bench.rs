@@ -74,7 +74,9 @@ pub struct BenchArgs {
 pub fn run(args: BenchArgs) -> Result<()> {
     let settings = args.measure.overrides()?.settings(args.scenario);
     backend::resolve(args.device)?;
-    let data = args.scenario.images(Data::load(&args.data.source(Dataset::Mnist))?);
+    let data = args
+        .scenario
+        .images(Data::load(&args.data.source(Dataset::Mnist))?);
     let name = args.model.clone().unwrap_or_else(|| args.scenario.config().model);
     let model = registry::global().get(name.name())?;
     let record = model.bench(

@@ -30,35 +30,85 @@ impl BnShape {
     }
 
     /// The `plane` elements of channel `c` in image `n`.
+    #[cfg(test)]
     fn map<'a>(&self, x: &'a [f32], n: usize, c: usize) -> &'a [f32] {
         let at = (n * self.channels + c) * self.plane;
         &x[at..at + self.plane]
     }
 }
 
-/// `(mean, biased variance)` of each channel of `x`, in `f64`.
-pub fn batch_stats(s: &BnShape, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
-    assert_eq!(x.len(), s.len(), "batch norm: input length");
-    let n = s.count() as f64;
-    let stats: Vec<(f64, f64)> = (0..s.channels)
-        .into_par_iter()
-        .map(|c| {
-            let sum: f64 = (0..s.batch)
-                .map(|i| s.map(x, i, c).iter().map(|&v| f64::from(v)).sum::<f64>())
-                .sum();
-            let mean = sum / n;
-            let squares: f64 = (0..s.batch)
-                .map(|i| {
-                    s.map(x, i, c)
-                        .iter()
-                        .map(|&v| (f64::from(v) - mean).powi(2))
-                        .sum::<f64>()
-                })
-                .sum();
-            (mean, squares / n)
+/// Sum of `f(a[k], b[k])` over a plane in `f64`, in [`LANES`] interleaved partial sums: the
+/// loop vectorises (one sum would wait on each addition's latency), and the order depends only
+/// on the length.
+#[inline(always)]
+fn lane_sum(a: &[f32], b: &[f32], f: impl Fn(f64, f64) -> f64) -> f64 {
+    let mut acc = [0.0f64; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let rest: f64 = ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .map(|(&x, &y)| f(f64::from(x), f64::from(y)))
+        .sum();
+    for (xa, xb) in ca.zip(cb) {
+        for ((s, &x), &y) in acc.iter_mut().zip(xa).zip(xb) {
+            *s += f(f64::from(x), f64::from(y));
+        }
+    }
+    acc.iter().sum::<f64>() + rest
+}
+
+const LANES: usize = 16;
+
+/// Per image and channel, in `f64`: `(f(plane), g(plane))` of each `plane`-long map of `a` (and
+/// `b`, the same shape), images in parallel. Indexed `[image * channels + channel]`, so the
+/// per-channel combinations below run in image order whatever the thread count.
+fn per_map<T: Send>(s: &BnShape, a: &[f32], b: &[f32], f: impl Fn(&[f32], &[f32]) -> T + Sync) -> Vec<T> {
+    let image = s.channels * s.plane;
+    if image == 0 {
+        return Vec::new();
+    }
+    let per_image: Vec<Vec<T>> = a
+        .par_chunks(image)
+        .zip(b.par_chunks(image))
+        .map(|(a, b)| {
+            a.chunks_exact(s.plane)
+                .zip(b.chunks_exact(s.plane))
+                .map(|(a, b)| f(a, b))
+                .collect()
         })
         .collect();
-    stats.into_iter().unzip()
+    per_image.into_iter().flatten().collect()
+}
+
+/// `(mean, biased variance)` of each channel of `x`, in `f64`.
+///
+/// One pass over memory: each map's mean and sum of squared deviations are taken while it is in
+/// cache (two passes over the map, in `f64` lane sums), and the maps of a channel are combined
+/// in image order (Chan et al.'s pairwise update), exact to rounding and independent of the
+/// thread count.
+pub fn batch_stats(s: &BnShape, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    assert_eq!(x.len(), s.len(), "batch norm: input length");
+    let plane = s.plane as f64;
+    let maps = per_map(s, x, x, |m, _| {
+        let mean = lane_sum(m, m, |v, _| v) / plane;
+        (mean, lane_sum(m, m, |v, _| (v - mean) * (v - mean)))
+    });
+    let (mut means, mut vars) = (vec![0.0; s.channels], vec![0.0; s.channels]);
+    for c in 0..s.channels {
+        let (mut n, mut mean, mut m2) = (0.0f64, 0.0f64, 0.0f64);
+        for i in 0..s.batch {
+            let (mean_b, m2_b) = maps[i * s.channels + c];
+            let total = n + plane;
+            let delta = mean_b - mean;
+            mean += delta * plane / total;
+            m2 += m2_b + delta * delta * n * plane / total;
+            n = total;
+        }
+        means[c] = mean;
+        vars[c] = if n > 0.0 { m2 / n } else { f64::NAN };
+    }
+    (means, vars)
 }
 
 /// `1 / sqrt(var + eps)` per channel.
@@ -128,28 +178,68 @@ pub fn batch_norm_backward(
     dweight: Option<&mut [f32]>,
     dbias: Option<&mut [f32]>,
 ) {
+    assert_eq!(x.len(), s.len(), "batch norm: input length");
     assert_eq!(dy.len(), s.len(), "batch norm: gradient length");
-    let g = |i: usize, c: usize, k: usize| -> f64 {
-        let at = (i * s.channels + c) * s.plane + k;
-        match relu_out {
-            Some(y) if y[at] <= 0.0 => 0.0,
-            _ => f64::from(dy[at]),
-        }
+    if let Some(y) = relu_out {
+        assert_eq!(y.len(), s.len(), "batch norm: ReLU output length");
+    }
+    for v in [mean, inv_std] {
+        assert_eq!(v.len(), s.channels, "batch norm: per-channel length");
+    }
+    assert_eq!(weight.len(), s.channels, "batch norm: per-channel length");
+    // The gradient reaching the normalisation: `dy`, stopped where the fused ReLU output 0.
+    let gate = |dy: f64, y: f64| if y <= 0.0 { 0.0 } else { dy };
+    let y = relu_out.unwrap_or(dy);
+    let relu = relu_out.is_some();
+    // Per map: sum of g and of g * (x - mean); x and (dy, y) zipped in one pass.
+    let image = s.channels * s.plane;
+    let maps: Vec<(f64, f64)> = if image == 0 {
+        Vec::new()
+    } else {
+        let per_image: Vec<Vec<(f64, f64)>> = x
+            .par_chunks(image)
+            .zip(dy.par_chunks(image).zip(y.par_chunks(image)))
+            .map(|(x, (dy, y))| {
+                (0..s.channels)
+                    .map(|c| {
+                        let at = c * s.plane..(c + 1) * s.plane;
+                        let (x, dy, y) = (&x[at.clone()], &dy[at.clone()], &y[at]);
+                        let m = mean[c];
+                        let (mut sum, mut dot) = ([0.0f64; LANES], [0.0f64; LANES]);
+                        let mut k = 0;
+                        while k + LANES <= x.len() {
+                            for l in 0..LANES {
+                                let d = f64::from(dy[k + l]);
+                                let g = if relu { gate(d, f64::from(y[k + l])) } else { d };
+                                sum[l] += g;
+                                dot[l] += g * (f64::from(x[k + l]) - m);
+                            }
+                            k += LANES;
+                        }
+                        let (mut sum_r, mut dot_r) = (0.0, 0.0);
+                        for k in k..x.len() {
+                            let d = f64::from(dy[k]);
+                            let g = if relu { gate(d, f64::from(y[k])) } else { d };
+                            sum_r += g;
+                            dot_r += g * (f64::from(x[k]) - m);
+                        }
+                        (sum.iter().sum::<f64>() + sum_r, dot.iter().sum::<f64>() + dot_r)
+                    })
+                    .collect()
+            })
+            .collect();
+        per_image.into_iter().flatten().collect()
     };
-    // Per channel: sum of g and of g * x_hat.
+    // Per channel, in image order: sum of g and of g * x_hat.
     let sums: Vec<(f64, f64)> = (0..s.channels)
-        .into_par_iter()
         .map(|c| {
-            let (m, inv) = (mean[c], inv_std[c]);
-            let (mut sum, mut dot) = (0f64, 0f64);
+            let (mut sum, mut dot) = (0.0, 0.0);
             for i in 0..s.batch {
-                for (k, &x) in s.map(x, i, c).iter().enumerate() {
-                    let g = g(i, c, k);
-                    sum += g;
-                    dot += g * (f64::from(x) - m) * inv;
-                }
+                let (a, b) = maps[i * s.channels + c];
+                sum += a;
+                dot += b;
             }
-            (sum, dot)
+            (sum, dot * inv_std[c])
         })
         .collect();
     if let Some(db) = dbias {
@@ -163,23 +253,37 @@ pub fn batch_norm_backward(
         }
     }
     let Some(dx) = dx else { return };
+    assert_eq!(dx.len(), s.len(), "batch norm: input gradient length");
     if s.is_empty() {
         return;
     }
     let n = s.count() as f64;
-    let image = s.channels * s.plane;
-    dx.par_chunks_mut(image).enumerate().for_each(|(i, dx)| {
-        for c in 0..s.channels {
-            let (m, inv) = (mean[c], inv_std[c]);
-            let scale = f64::from(weight[c]) * inv;
-            let (mean_g, mean_gx) = (sums[c].0 / n, sums[c].1 / n);
-            let xs = s.map(x, i, c);
-            for (k, (d, &x)) in dx[c * s.plane..(c + 1) * s.plane].iter_mut().zip(xs).enumerate() {
-                let x_hat = (f64::from(x) - m) * inv;
-                *d = (scale * (g(i, c, k) - mean_g - x_hat * mean_gx)) as f32;
+    dx.par_chunks_mut(image)
+        .zip(
+            x.par_chunks(image)
+                .zip(dy.par_chunks(image).zip(y.par_chunks(image))),
+        )
+        .for_each(|(dx, (x, (dy, y)))| {
+            for c in 0..s.channels {
+                let (m, inv) = (mean[c], inv_std[c]);
+                let scale = f64::from(weight[c]) * inv;
+                let (mean_g, mean_gx) = (sums[c].0 / n, sums[c].1 / n);
+                // dx = scale * (g - mean_g - (x - m) * inv * mean_gx), each element in f64
+                // from f64 statistics and rounded once.
+                let k = inv * mean_gx;
+                let at = c * s.plane..(c + 1) * s.plane;
+                for (((d, &x), &dy), &y) in dx[at.clone()]
+                    .iter_mut()
+                    .zip(&x[at.clone()])
+                    .zip(&dy[at.clone()])
+                    .zip(&y[at])
+                {
+                    let dy = f64::from(dy);
+                    let g = if relu { gate(dy, f64::from(y)) } else { dy };
+                    *d = (scale * (g - mean_g - (f64::from(x) - m) * k)) as f32;
+                }
             }
-        }
-    });
+        });
 }
 
 #[cfg(test)]
