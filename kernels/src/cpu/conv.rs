@@ -347,6 +347,149 @@ fn unpad_rows<R: Rows>(ops: R, s: &ConvShape, padded: &[f32], dx: &mut [f32]) {
     }
 }
 
+/// The direct convolution ([`super::simd::Avx512::shifted_conv`]) for `s`, when it applies:
+/// an AVX-512F CPU, stride 1, a kernel larger than 1x1 (1x1 is a plain GEMM already) and a
+/// multiple of 4 output channels. Instead of unfolding each image (`kh * kw` copies of it, then
+/// a GEMM that reads them back), it runs on the padded image itself: in the padded row pitch,
+/// output pixel `(oh, ow)` at tap `(i, j)` reads padded pixel `(oh + i, ow + j)`, a constant
+/// shift `i * pw_n + j` of the output's own position, so each tap is one shifted read of the
+/// same buffer. The output is computed in that pitch (`kw - 1` byproduct pixels per row, for
+/// all but the last row) and compacted.
+#[cfg(target_arch = "x86_64")]
+fn direct(s: &ConvShape) -> Option<super::simd::Avx512> {
+    let applies = s.stride == [1, 1]
+        && s.kernel != [1, 1]
+        && s.out_channels % super::simd::CONV_OB == 0
+        && s.in_channels >= DIRECT_MIN_CHANNELS
+        && s.out_w() >= DIRECT_MIN_WIDTH
+        && s.is_valid();
+    applies.then(super::simd::Avx512::detect).flatten()
+}
+
+/// Where the direct kernel beats im2col + GEMM (`benches/kernels.rs`, one thread, Zen 4):
+/// ResNet-20's 16x28x28 layers (forward 3.2 -> 2.8 ms, input gradient 9.0 -> 6.7 ms at batch
+/// 64) and ResNet-18's 64x32x32 ones (forward 55 -> 50 ms). On 14- and 7-pixel rows the
+/// padded pitch wastes 12-22% of the work and im2col's GEMM wins (32x14x14: 3.0 vs 3.3 ms);
+/// with one input channel (a first layer) the unfolded image is small.
+const DIRECT_MIN_WIDTH: usize = 28;
+const DIRECT_MIN_CHANNELS: usize = 8;
+
+#[cfg(not(target_arch = "x86_64"))]
+fn direct(_: &ConvShape) -> Option<std::convert::Infallible> {
+    None
+}
+
+/// The input-gradient convolution of a zero-padded stride-1 `s`: the output gradient
+/// convolved with the kernel turned by 180 degrees and its channels swapped, padded by
+/// `k - 1 - p` (`dx` is `s`'s input's size). `None` for replicate padding (its border
+/// gradient adds onto the edge pixels) or padding beyond `k - 1`.
+fn transposed(s: &ConvShape) -> Option<ConvShape> {
+    let fits = s.mode == PadMode::Zeros && (0..2).all(|i| s.padding[i] < s.kernel[i]);
+    fits.then(|| ConvShape {
+        batch: s.batch,
+        in_channels: s.out_channels,
+        in_h: s.out_h(),
+        in_w: s.out_w(),
+        out_channels: s.in_channels,
+        kernel: s.kernel,
+        stride: [1, 1],
+        padding: [s.kernel[0] - 1 - s.padding[0], s.kernel[1] - 1 - s.padding[1]],
+        mode: PadMode::Zeros,
+    })
+}
+
+/// A convolution's weights in the direct kernel's order, `[out / 4][in][taps][4]`, from
+/// `get(out_channel, in_channel, tap)`.
+fn pack_weights(s: &ConvShape, get: impl Fn(usize, usize, usize) -> f32) -> Vec<f32> {
+    const OB: usize = super::simd::CONV_OB;
+    let taps = s.kernel[0] * s.kernel[1];
+    let mut packed = Vec::with_capacity(s.weight_len());
+    for ob in 0..s.out_channels / OB {
+        for c in 0..s.in_channels {
+            for t in 0..taps {
+                for o in 0..OB {
+                    packed.push(get(ob * OB + o, c, t));
+                }
+            }
+        }
+    }
+    packed
+}
+
+/// Each tap's read offset in the padded image.
+fn tap_shifts(s: &ConvShape) -> Vec<usize> {
+    let (_, pw_n) = padded_size(s);
+    (0..s.kernel[0] * s.kernel[1])
+        .map(|t| t / s.kernel[1] * pw_n + t % s.kernel[1])
+        .collect()
+}
+
+/// One image through the direct kernel: padded copy, convolution in the padded row pitch, then
+/// the real pixels into `out` (`[out_channels, out_h, out_w]`).
+#[cfg(target_arch = "x86_64")]
+fn direct_image(
+    cpu: super::simd::Avx512,
+    s: &ConvShape,
+    shifts: &[usize],
+    x: &[f32],
+    packed: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    let (ph_n, pw_n) = padded_size(s);
+    let (plane, channels) = (ph_n * pw_n, s.in_channels);
+    let pitch = s.out_h() * pw_n;
+    let n = (s.out_h() - 1) * pw_n + s.out_w();
+    with_scratch(3, channels * plane, |padded| {
+        pad_image(s, x, padded);
+        with_scratch(0, s.out_channels * pitch, |wide| {
+            cpu.shifted_conv(
+                &padded[..channels * plane],
+                channels,
+                plane,
+                shifts,
+                packed,
+                bias,
+                s.out_channels,
+                n,
+                wide,
+                pitch,
+            );
+            compact(s, wide, out);
+        })
+    });
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn direct_image(
+    cpu: std::convert::Infallible,
+    _: &ConvShape,
+    _: &[usize],
+    _: &[f32],
+    _: &[f32],
+    _: Option<&[f32]>,
+    _: &mut [f32],
+) {
+    match cpu {}
+}
+
+/// `out[o, oh, ow] = rows[o, oh * pw_n + ow]`: the real pixels of rows in the padded pitch.
+#[inline(never)]
+fn compact(s: &ConvShape, rows: &[f32], out: &mut [f32]) {
+    dispatch_wide!(compact_rows(s: &ConvShape, rows: &[f32], out: &mut [f32]))
+}
+
+#[inline(always)]
+fn compact_rows<R: Rows>(ops: R, s: &ConvShape, rows: &[f32], out: &mut [f32]) {
+    let (_, pw_n) = padded_size(s);
+    let (oh_n, ow_n) = (s.out_h(), s.out_w());
+    for (src, dst) in rows.chunks(oh_n * pw_n).zip(out.chunks_exact_mut(oh_n * ow_n)) {
+        for (oh, row) in dst.chunks_exact_mut(ow_n).enumerate() {
+            ops.copy_row(row, &src[oh * pw_n..][..ow_n]);
+        }
+    }
+}
+
 /// Output channels per forward GEMM call. gemm computes `out^T = col^T . weight^T` and reads
 /// `col` in place, without packing a copy of it, when `col`'s rows are a whole number of
 /// 16-float vectors and the call has at most 8 x 6 = 48 output channels (gemm-common's
@@ -386,7 +529,19 @@ pub fn conv2d_forward(
         assert_eq!(bias.len(), s.out_channels, "conv2d: bias length");
     }
     let (patch, pixels) = (s.patch(), s.pixels());
+    let taps = s.kernel[0] * s.kernel[1];
+    let direct = direct(s).map(|cpu| {
+        let packed = pack_weights(s, |o, c, t| weight[(o * s.in_channels + c) * taps + t]);
+        (cpu, packed, tap_shifts(s))
+    });
     let image = |(x, out): (&[f32], &mut [f32])| {
+        if let Some((cpu, packed, shifts)) = &direct {
+            direct_image(*cpu, s, shifts, x, packed, bias, out);
+            if relu {
+                relu_in_place(out);
+            }
+            return;
+        }
         if let Some(bias) = bias {
             for (row, &b) in out.chunks_exact_mut(pixels).zip(bias) {
                 row.fill(b);
@@ -488,6 +643,17 @@ pub fn conv2d_backward(
     }
     let (patch, pixels, o) = (s.patch(), s.pixels(), s.out_channels);
     let (want_w, want_b) = (dweight.is_some(), dbias.is_some());
+    // The input gradient as the direct convolution of the output gradient, where it applies.
+    let taps = s.kernel[0] * s.kernel[1];
+    let direct_dx = transposed(s)
+        .filter(|_| s.stride == [1, 1] && dx.is_some())
+        .and_then(|t| Some((direct(&t)?, t)))
+        .map(|(cpu, t)| {
+            let packed = pack_weights(&t, |c, o, k| {
+                weight[(o * s.in_channels + c) * taps + (taps - 1 - k)]
+            });
+            (cpu, packed, tap_shifts(&t), t)
+        });
     let per = images_per_group(s);
     let mut dx_groups: Vec<Option<&mut [f32]>> = match dx {
         Some(dx) => {
@@ -580,6 +746,8 @@ pub fn conv2d_backward(
                         };
                         if s.is_pointwise() {
                             input_grad(dx_n);
+                        } else if let Some((cpu, packed, shifts, t)) = &direct_dx {
+                            direct_image(*cpu, t, shifts, dy_n, packed, None, dx_n);
                         } else {
                             with_scratch(1, patch * pixels, |dcol| {
                                 input_grad(dcol);
@@ -718,6 +886,97 @@ mod tests {
                 "{got} vs {want}"
             );
         }
+    }
+
+    /// The direct kernel, whatever the size thresholds that choose it in training: forward
+    /// against the definition, and the input gradient (the transposed convolution) against
+    /// col2im of the GEMM product, over small shapes with every padding a kernel allows, odd
+    /// widths, pitches shorter and longer than a register tile, 4 and 8 output channels.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn direct_kernel_matches_the_definition_and_im2col() {
+        let Some(cpu) = super::super::simd::Avx512::detect() else {
+            eprintln!("skipped: this CPU has no AVX-512F (or EMBER_SIMD=portable)");
+            return;
+        };
+        let mut cases = 0;
+        for (c, o, h, w, kh, kw) in [
+            (1, 4, 5, 5, 3, 3),
+            (3, 8, 7, 9, 3, 3),
+            (5, 4, 6, 4, 2, 3),
+            (9, 8, 11, 13, 3, 3),
+            (16, 4, 28, 28, 3, 3),
+            (2, 4, 9, 7, 5, 5),
+            (4, 8, 3, 3, 3, 1),
+            (8, 4, 6, 10, 3, 3),
+            (12, 8, 5, 7, 2, 2),
+        ] {
+            for ph in 0..kh {
+                for pw in 0..kw {
+                    let s = ConvShape {
+                        batch: 1,
+                        in_channels: c,
+                        in_h: h,
+                        in_w: w,
+                        out_channels: o,
+                        kernel: [kh, kw],
+                        stride: [1, 1],
+                        padding: [ph, pw],
+                        mode: PadMode::Zeros,
+                    };
+                    if !s.is_valid() {
+                        continue;
+                    }
+                    cases += 1;
+                    let x: Vec<f32> = (0..s.in_image())
+                        .map(|i| ((i * 7919) % 23) as f32 * 0.1 - 1.1)
+                        .collect();
+                    let wt: Vec<f32> = (0..s.weight_len())
+                        .map(|i| ((i * 104729) % 17) as f32 * 0.1 - 0.8)
+                        .collect();
+                    let b: Vec<f32> = (0..o).map(|i| i as f32 * 0.25 - 0.5).collect();
+                    let taps = kh * kw;
+                    let packed = pack_weights(&s, |oc, ic, t| wt[(oc * c + ic) * taps + t]);
+                    let mut out = vec![f32::NAN; s.out_image()];
+                    direct_image(cpu, &s, &tap_shifts(&s), &x, &packed, Some(&b), &mut out);
+                    for (i, (got, want)) in out.iter().zip(reference(&s, &x, &wt, &b)).enumerate() {
+                        assert!(
+                            (*got as f64 - want).abs() <= 1e-4 * want.abs().max(1.0),
+                            "{s:?} out[{i}]: {got} vs {want}"
+                        );
+                    }
+                    // dx through the transposed convolution (whose outputs are s's input
+                    // channels: a multiple of 4) vs dcol = w^T dy, then col2im.
+                    if c % 4 != 0 {
+                        continue;
+                    }
+                    let t = transposed(&s).expect("zero padding below the kernel size");
+                    let dy: Vec<f32> = (0..s.out_image())
+                        .map(|i| ((i * 31) % 13) as f32 * 0.2 - 1.2)
+                        .collect();
+                    let packed_t = pack_weights(&t, |ic, oc, k| wt[(oc * c + ic) * taps + (taps - 1 - k)]);
+                    let mut dx = vec![f32::NAN; s.in_image()];
+                    direct_image(cpu, &t, &tap_shifts(&t), &dy, &packed_t, None, &mut dx);
+                    let (patch, pixels) = (s.patch(), s.pixels());
+                    let mut dcol = vec![0.0f32; patch * pixels];
+                    for p in 0..patch {
+                        for q in 0..pixels {
+                            dcol[p * pixels + q] =
+                                (0..o).map(|oc| wt[oc * patch + p] * dy[oc * pixels + q]).sum();
+                        }
+                    }
+                    let mut want = vec![0.0f32; s.in_image()];
+                    col2im(&s, &dcol, &mut want);
+                    for (i, (got, want)) in dx.iter().zip(&want).enumerate() {
+                        assert!(
+                            (got - want).abs() <= 1e-4 * want.abs().max(1.0),
+                            "{s:?} dx[{i}]: {got} vs {want}"
+                        );
+                    }
+                }
+            }
+        }
+        assert!(cases > 30, "{cases} shapes");
     }
 
     /// The AVX-512 row loops give the portable ones' results bit for bit, for rows shorter and

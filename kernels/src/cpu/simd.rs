@@ -5,6 +5,10 @@
 //! [`avx512`]; other machines take the portable loops. Both give bit-identical results: the
 //! same operations on the same values in the same order, only several lanes at once.
 
+/// Output channels per register tile of the direct convolution ([`Avx512::shifted_conv`]):
+/// a convolution runs there only with a multiple of this many.
+pub(crate) const CONV_OB: usize = 4;
+
 /// Whether the AVX-512 paths run: the CPU has AVX-512F and `EMBER_SIMD` is not `portable`.
 pub(crate) fn avx512() -> bool {
     Avx512::detect().is_some()
@@ -49,6 +53,69 @@ impl Avx512 {
         unsafe { x86::add_row(dst, src) }
     }
 
+    /// [`x86::shifted_conv`] on `channels` input planes of `plane` floats and `out_channels`
+    /// output rows of pitch `pitch`, with every bound that function needs checked here (a
+    /// violation panics).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn shifted_conv(
+        self,
+        input: &[f32],
+        channels: usize,
+        plane: usize,
+        shifts: &[usize],
+        packed: &[f32],
+        bias: Option<&[f32]>,
+        out_channels: usize,
+        n: usize,
+        out: &mut [f32],
+        pitch: usize,
+    ) {
+        let taps = shifts.len();
+        assert!(
+            channels > 0 && out_channels > 0 && taps > 0 && n > 0 && pitch >= n,
+            "shifted_conv: empty shapes or a pitch below n"
+        );
+        assert_eq!(
+            out_channels % x86::OB,
+            0,
+            "shifted_conv: output channels not a multiple of 4"
+        );
+        assert!(input.len() >= channels * plane, "shifted_conv: input too short");
+        assert_eq!(
+            packed.len(),
+            out_channels * channels * taps,
+            "shifted_conv: packed weights"
+        );
+        if let Some(b) = bias {
+            assert_eq!(b.len(), out_channels, "shifted_conv: bias length");
+        }
+        // Every read `c * plane + shift + j` (j < n) stays in channel c's plane.
+        assert!(
+            shifts.iter().all(|&sh| sh + n <= plane),
+            "shifted_conv: a shift reads past its plane"
+        );
+        assert!(
+            out.len() >= (out_channels - 1) * pitch + n,
+            "shifted_conv: output too short"
+        );
+        // SAFETY: `self` exists only on a CPU with AVX-512F; the asserts above are the bounds
+        // `x86::shifted_conv` requires.
+        unsafe {
+            x86::shifted_conv(
+                input,
+                channels,
+                plane,
+                shifts,
+                packed,
+                bias,
+                out_channels,
+                n,
+                out,
+                pitch,
+            )
+        }
+    }
+
     /// [`x86::pool_2x2_row`].
     #[inline(always)]
     pub(crate) fn pool_2x2_row(
@@ -84,6 +151,85 @@ fn the_environment_can_force_the_portable_loops() {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use std::arch::x86_64::*;
+
+    /// Output channels per register tile of [`shifted_conv`], and 16-pixel vectors per tile.
+    pub(crate) const OB: usize = super::CONV_OB;
+    const JB: usize = 6;
+
+    /// `out[o * pitch + j] = bias[o] + sum_c sum_t w[o, c, t] * input[c * plane + shifts[t] + j]`
+    /// for `o < out_channels`, `j < n`: a direct convolution over an input laid out so that each
+    /// kernel tap is a constant shift ([`super::super::conv`]'s padded row pitch). Register
+    /// tiles of 4 output channels x 96 pixels: per channel and tap, six vector loads and four
+    /// broadcast weights feed 24 FMAs. The sum for each output runs over `c`, then `t`, in order.
+    ///
+    /// `packed` holds the weights as `[out_channels / 4][channels][taps][4]`.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F; `input` holds `channels * plane` floats, `shifts[t] + n <= plane`
+    /// for every tap, `packed` holds `out_channels * channels * taps` floats, `out_channels` is a
+    /// multiple of 4, `bias` (when given) holds `out_channels`, and `out` holds at least
+    /// `(out_channels - 1) * pitch + n` floats.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn shifted_conv(
+        input: &[f32],
+        channels: usize,
+        plane: usize,
+        shifts: &[usize],
+        packed: &[f32],
+        bias: Option<&[f32]>,
+        out_channels: usize,
+        n: usize,
+        out: &mut [f32],
+        pitch: usize,
+    ) {
+        let taps = shifts.len();
+        let (inp, outp) = (input.as_ptr(), out.as_mut_ptr());
+        for ob in 0..out_channels / OB {
+            let w_block = &packed[ob * channels * taps * OB..][..channels * taps * OB];
+            let b: [f32; OB] = std::array::from_fn(|o| bias.map_or(0.0, |b| b[ob * OB + o]));
+            let mut j0 = 0;
+            while j0 < n {
+                let masks: [__mmask16; JB] =
+                    std::array::from_fn(|v| lanes(n.saturating_sub(j0 + 16 * v).min(16)));
+                let mut acc = [[_mm512_setzero_ps(); JB]; OB];
+                for o in 0..OB {
+                    for a in acc[o].iter_mut() {
+                        *a = _mm512_set1_ps(b[o]);
+                    }
+                }
+                for c in 0..channels {
+                    let base = inp.wrapping_add(c * plane + j0);
+                    let w_c = &w_block[c * taps * OB..][..taps * OB];
+                    for (t, &sh) in shifts.iter().enumerate() {
+                        let p = base.wrapping_add(sh);
+                        // SAFETY: unmasked lanes are at `c * plane + sh + j` with j < n, inside
+                        // `input` (caller's bounds); masked-off lanes are not read, and their
+                        // addresses are formed with `wrapping_add`.
+                        let x: [__m512; JB] = std::array::from_fn(|v| unsafe {
+                            _mm512_maskz_loadu_ps(masks[v], p.wrapping_add(16 * v))
+                        });
+                        let w = &w_c[t * OB..][..OB];
+                        for o in 0..OB {
+                            let wv = _mm512_set1_ps(w[o]);
+                            for v in 0..JB {
+                                acc[o][v] = _mm512_fmadd_ps(wv, x[v], acc[o][v]);
+                            }
+                        }
+                    }
+                }
+                for o in 0..OB {
+                    let row = outp.wrapping_add((ob * OB + o) * pitch + j0);
+                    for v in 0..JB {
+                        // SAFETY: unmasked lanes are at `o * pitch + j` with j < n, inside
+                        // `out` (caller's bounds).
+                        unsafe { _mm512_mask_storeu_ps(row.wrapping_add(16 * v), masks[v], acc[o][v]) };
+                    }
+                }
+                j0 += 16 * JB;
+            }
+        }
+    }
 
     /// The first `n` (at most 16) lanes.
     #[inline(always)]
