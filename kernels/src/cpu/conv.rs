@@ -361,6 +361,7 @@ fn direct(s: &ConvShape) -> Option<super::simd::Avx512> {
         && s.kernel != [1, 1]
         && s.out_channels % super::simd::CONV_OB == 0
         && s.in_channels >= DIRECT_MIN_CHANNELS
+        && s.in_channels * s.kernel[0] * s.kernel[1] <= DIRECT_MAX_TERMS
         && s.out_w() >= DIRECT_MIN_WIDTH
         && s.is_valid();
     applies.then(super::simd::Avx512::detect).flatten()
@@ -368,11 +369,17 @@ fn direct(s: &ConvShape) -> Option<super::simd::Avx512> {
 
 /// Where the direct kernel beats im2col + GEMM (`benches/kernels.rs`, one thread, Zen 4):
 /// ResNet-20's 16x28x28 layers (forward 3.2 -> 2.8 ms, input gradient 9.0 -> 6.7 ms at batch
-/// 64) and ResNet-18's 64x32x32 ones (forward 55 -> 50 ms). On 14- and 7-pixel rows the
+/// 64) and ResNet-18's 64x32x32 ones (forward 55 -> 50 ms, but see [`DIRECT_MAX_TERMS`]). On 14- and 7-pixel rows the
 /// padded pitch wastes 12-22% of the work and im2col's GEMM wins (32x14x14: 3.0 vs 3.3 ms);
 /// with one input channel (a first layer) the unfolded image is small.
 const DIRECT_MIN_WIDTH: usize = 28;
 const DIRECT_MIN_CHANNELS: usize = 8;
+
+/// The longest sum the direct kernel may take: each output is one running f32 sum over
+/// in_channels x taps terms, in order. At ResNet-18's 64 x 9 = 576 the rounding showed in the
+/// parity fixtures (conv1's weight gradient 2.4e-3 from PyTorch's after three steps, 3.4x
+/// PyTorch's own float32 error); im2col's GEMM splits its sums into blocks.
+const DIRECT_MAX_TERMS: usize = 288;
 
 #[cfg(not(target_arch = "x86_64"))]
 fn direct(_: &ConvShape) -> Option<std::convert::Infallible> {
