@@ -7,6 +7,8 @@
 
 use rayon::prelude::*;
 
+use super::lane_sum;
+
 /// `batch` images of `channels` maps of `plane` (height x width) elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BnShape {
@@ -37,46 +39,19 @@ impl BnShape {
     }
 }
 
-/// Sum of `f(a[k], b[k])` over a plane in `f64`, in [`LANES`] interleaved partial sums: the
-/// loop vectorises (one sum would wait on each addition's latency), and the order depends only
-/// on the length.
-#[inline(always)]
-fn lane_sum(a: &[f32], b: &[f32], f: impl Fn(f64, f64) -> f64) -> f64 {
-    let mut acc = [0.0f64; LANES];
-    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
-    let rest: f64 = ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .map(|(&x, &y)| f(f64::from(x), f64::from(y)))
-        .sum();
-    for (xa, xb) in ca.zip(cb) {
-        for ((s, &x), &y) in acc.iter_mut().zip(xa).zip(xb) {
-            *s += f(f64::from(x), f64::from(y));
-        }
-    }
-    acc.iter().sum::<f64>() + rest
-}
-
 const LANES: usize = 16;
 
-/// Per image and channel, in `f64`: `(f(plane), g(plane))` of each `plane`-long map of `a` (and
-/// `b`, the same shape), images in parallel. Indexed `[image * channels + channel]`, so the
-/// per-channel combinations below run in image order whatever the thread count.
-fn per_map<T: Send>(s: &BnShape, a: &[f32], b: &[f32], f: impl Fn(&[f32], &[f32]) -> T + Sync) -> Vec<T> {
+/// `f` of each `plane`-long map of `x` (image x channel), images in parallel, indexed
+/// `[image * channels + channel]`, so that the per-channel combinations below run in image
+/// order whatever the thread count.
+fn per_map<T: Send>(s: &BnShape, x: &[f32], f: impl Fn(&[f32]) -> T + Sync) -> Vec<T> {
     let image = s.channels * s.plane;
     if image == 0 {
         return Vec::new();
     }
-    let per_image: Vec<Vec<T>> = a
+    let per_image: Vec<Vec<T>> = x
         .par_chunks(image)
-        .zip(b.par_chunks(image))
-        .map(|(a, b)| {
-            a.chunks_exact(s.plane)
-                .zip(b.chunks_exact(s.plane))
-                .map(|(a, b)| f(a, b))
-                .collect()
-        })
+        .map(|x| x.chunks_exact(s.plane).map(&f).collect())
         .collect();
     per_image.into_iter().flatten().collect()
 }
@@ -90,9 +65,9 @@ fn per_map<T: Send>(s: &BnShape, a: &[f32], b: &[f32], f: impl Fn(&[f32], &[f32]
 pub fn batch_stats(s: &BnShape, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
     assert_eq!(x.len(), s.len(), "batch norm: input length");
     let plane = s.plane as f64;
-    let maps = per_map(s, x, x, |m, _| {
-        let mean = lane_sum(m, m, |v, _| v) / plane;
-        (mean, lane_sum(m, m, |v, _| (v - mean) * (v - mean)))
+    let maps = per_map(s, x, |m| {
+        let mean = lane_sum(m, |v| v) / plane;
+        (mean, lane_sum(m, |v| (v - mean) * (v - mean)))
     });
     let (mut means, mut vars) = (vec![0.0; s.channels], vec![0.0; s.channels]);
     for c in 0..s.channels {

@@ -12,7 +12,7 @@
 use rayon::prelude::*;
 
 use super::scratch::with_scratch;
-use super::{gemm, out_len, relu_in_place, relu_mask, transpose, Gemm};
+use super::{gemm, lane_sum, out_len, relu_in_place, relu_mask, transpose, Gemm};
 
 /// How a convolution reads outside its input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -450,18 +450,18 @@ fn direct_image(
     with_scratch(3, channels * plane, |padded| {
         pad_image(s, x, padded);
         with_scratch(0, s.out_channels * pitch, |wide| {
-            cpu.shifted_conv(
-                &padded[..channels * plane],
+            let conv = super::simd::ShiftedConv {
+                input: &padded[..channels * plane],
                 channels,
                 plane,
                 shifts,
                 packed,
                 bias,
-                s.out_channels,
+                out_channels: s.out_channels,
                 n,
-                wide,
                 pitch,
-            );
+            };
+            cpu.shifted_conv(&conv, wide);
             compact(s, wide, out);
         })
     });
@@ -595,20 +595,6 @@ pub fn conv2d_forward(
         .for_each(image);
 }
 
-/// `row`'s sum in `f64`, in sixteen interleaved partial sums so that it vectorises.
-fn sum_f64(row: &[f32]) -> f64 {
-    const LANES: usize = 16;
-    let mut acc = [0.0f64; LANES];
-    let chunks = row.chunks_exact(LANES);
-    let rest: f64 = chunks.remainder().iter().map(|&v| v as f64).sum();
-    for chunk in chunks {
-        for (a, &v) in acc.iter_mut().zip(chunk) {
-            *a += v as f64;
-        }
-    }
-    acc.iter().sum::<f64>() + rest
-}
-
 /// Images per group in the weight and bias gradients: a function of the shapes only, never of
 /// the thread count. Up to 16 groups, fewer when the per-group partial sums would pass 64 MiB.
 fn images_per_group(s: &ConvShape) -> usize {
@@ -697,7 +683,7 @@ pub fn conv2d_backward(
                     };
                     if want_b {
                         for (b, row) in gb.iter_mut().zip(dy_n.chunks_exact(pixels)) {
-                            *b += sum_f64(row);
+                            *b += lane_sum(row, |v| v);
                         }
                     }
                     if want_w {

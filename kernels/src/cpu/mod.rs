@@ -40,6 +40,23 @@ pub(crate) fn zeroed<T: Copy + Default + Send>(len: usize) -> Vec<T> {
         .collect()
 }
 
+/// The sum of `f(v)` over `row` in `f64`, in sixteen interleaved partial sums: the loop
+/// vectorises (a single sum would wait on each addition's latency), and the order of the
+/// additions depends only on the length (the last `len % 16` values, then the partial sums).
+#[inline(always)]
+pub(crate) fn lane_sum(row: &[f32], f: impl Fn(f64) -> f64) -> f64 {
+    const LANES: usize = 16;
+    let mut acc = [0.0f64; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let rest: f64 = chunks.remainder().iter().map(|&v| f(f64::from(v))).sum();
+    for chunk in chunks {
+        for (a, &v) in acc.iter_mut().zip(chunk) {
+            *a += f(f64::from(v));
+        }
+    }
+    acc.iter().sum::<f64>() + rest
+}
+
 /// One single-threaded GEMM on row-major slices: `dst[m, n] (+)= lhs[m, k] . rhs[k, n]`, each
 /// operand addressed through its row and column strides (a transpose is a swap of strides).
 pub(crate) struct Gemm<'a> {

@@ -9,6 +9,25 @@
 /// a convolution runs there only with a multiple of this many.
 pub(crate) const CONV_OB: usize = 4;
 
+/// One direct convolution over an input laid out so that each kernel tap is a constant shift
+/// (`conv.rs`' padded row pitch): `out[o * pitch + j] = bias[o] + sum_c sum_t w[o, c, t] *
+/// input[c * plane + shifts[t] + j]` for `o < out_channels`, `j < n`.
+pub(crate) struct ShiftedConv<'a> {
+    /// `channels` planes of `plane` floats.
+    pub input: &'a [f32],
+    pub channels: usize,
+    pub plane: usize,
+    /// Each tap's offset in a plane.
+    pub shifts: &'a [usize],
+    /// The weights as `[out_channels / 4][channels][taps][4]`.
+    pub packed: &'a [f32],
+    pub bias: Option<&'a [f32]>,
+    pub out_channels: usize,
+    /// Output pixels per row, and the row pitch (at least `n`).
+    pub n: usize,
+    pub pitch: usize,
+}
+
 /// Whether the AVX-512 paths run: the CPU has AVX-512F and `EMBER_SIMD` is not `portable`.
 pub(crate) fn avx512() -> bool {
     Avx512::detect().is_some()
@@ -53,67 +72,43 @@ impl Avx512 {
         unsafe { x86::add_row(dst, src) }
     }
 
-    /// [`x86::shifted_conv`] on `channels` input planes of `plane` floats and `out_channels`
-    /// output rows of pitch `pitch`, with every bound that function needs checked here (a
-    /// violation panics).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn shifted_conv(
-        self,
-        input: &[f32],
-        channels: usize,
-        plane: usize,
-        shifts: &[usize],
-        packed: &[f32],
-        bias: Option<&[f32]>,
-        out_channels: usize,
-        n: usize,
-        out: &mut [f32],
-        pitch: usize,
-    ) {
-        let taps = shifts.len();
+    /// [`x86::shifted_conv`], with every bound that function needs checked here (a violation
+    /// panics).
+    pub(crate) fn shifted_conv(self, c: &ShiftedConv<'_>, out: &mut [f32]) {
+        let taps = c.shifts.len();
         assert!(
-            channels > 0 && out_channels > 0 && taps > 0 && n > 0 && pitch >= n,
+            c.channels > 0 && c.out_channels > 0 && taps > 0 && c.n > 0 && c.pitch >= c.n,
             "shifted_conv: empty shapes or a pitch below n"
         );
         assert_eq!(
-            out_channels % x86::OB,
+            c.out_channels % x86::OB,
             0,
             "shifted_conv: output channels not a multiple of 4"
         );
-        assert!(input.len() >= channels * plane, "shifted_conv: input too short");
+        assert!(
+            c.input.len() >= c.channels * c.plane,
+            "shifted_conv: input too short"
+        );
         assert_eq!(
-            packed.len(),
-            out_channels * channels * taps,
+            c.packed.len(),
+            c.out_channels * c.channels * taps,
             "shifted_conv: packed weights"
         );
-        if let Some(b) = bias {
-            assert_eq!(b.len(), out_channels, "shifted_conv: bias length");
+        if let Some(b) = c.bias {
+            assert_eq!(b.len(), c.out_channels, "shifted_conv: bias length");
         }
         // Every read `c * plane + shift + j` (j < n) stays in channel c's plane.
         assert!(
-            shifts.iter().all(|&sh| sh + n <= plane),
+            c.shifts.iter().all(|&sh| sh + c.n <= c.plane),
             "shifted_conv: a shift reads past its plane"
         );
         assert!(
-            out.len() >= (out_channels - 1) * pitch + n,
+            out.len() >= (c.out_channels - 1) * c.pitch + c.n,
             "shifted_conv: output too short"
         );
         // SAFETY: `self` exists only on a CPU with AVX-512F; the asserts above are the bounds
         // `x86::shifted_conv` requires.
-        unsafe {
-            x86::shifted_conv(
-                input,
-                channels,
-                plane,
-                shifts,
-                packed,
-                bias,
-                out_channels,
-                n,
-                out,
-                pitch,
-            )
-        }
+        unsafe { x86::shifted_conv(c, out) }
     }
 
     /// [`x86::pool_2x2_row`].
@@ -156,13 +151,9 @@ mod x86 {
     pub(crate) const OB: usize = super::CONV_OB;
     const JB: usize = 6;
 
-    /// `out[o * pitch + j] = bias[o] + sum_c sum_t w[o, c, t] * input[c * plane + shifts[t] + j]`
-    /// for `o < out_channels`, `j < n`: a direct convolution over an input laid out so that each
-    /// kernel tap is a constant shift ([`super::super::conv`]'s padded row pitch). Register
-    /// tiles of 4 output channels x 96 pixels: per channel and tap, six vector loads and four
-    /// broadcast weights feed 24 FMAs. The sum for each output runs over `c`, then `t`, in order.
-    ///
-    /// `packed` holds the weights as `[out_channels / 4][channels][taps][4]`.
+    /// [`super::ShiftedConv`]'s convolution, in register tiles of 4 output channels x 96
+    /// pixels: per channel and tap, six vector loads and four broadcast weights feed 24 FMAs.
+    /// The sum for each output runs over `c`, then `t`, in order.
     ///
     /// # Safety
     /// The CPU runs AVX-512F; `input` holds `channels * plane` floats, `shifts[t] + n <= plane`
@@ -170,19 +161,18 @@ mod x86 {
     /// multiple of 4, `bias` (when given) holds `out_channels`, and `out` holds at least
     /// `(out_channels - 1) * pitch + n` floats.
     #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn shifted_conv(
-        input: &[f32],
-        channels: usize,
-        plane: usize,
-        shifts: &[usize],
-        packed: &[f32],
-        bias: Option<&[f32]>,
-        out_channels: usize,
-        n: usize,
-        out: &mut [f32],
-        pitch: usize,
-    ) {
+    pub(super) unsafe fn shifted_conv(conv: &super::ShiftedConv<'_>, out: &mut [f32]) {
+        let super::ShiftedConv {
+            input,
+            channels,
+            plane,
+            shifts,
+            packed,
+            bias,
+            out_channels,
+            n,
+            pitch,
+        } = *conv;
         let taps = shifts.len();
         let (inp, outp) = (input.as_ptr(), out.as_mut_ptr());
         for ob in 0..out_channels / OB {
