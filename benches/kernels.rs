@@ -37,7 +37,7 @@ const fn conv(
 }
 
 /// (name, shape, whether the input gradient is needed: not for a first layer).
-const CONVS: [(&str, ConvShape, bool); 9] = [
+const CONVS: [(&str, ConvShape, bool); 11] = [
     (
         "net.conv1 1x28x28->32 3x3",
         conv(1, 32, 28, 3, 0, PadMode::Zeros),
@@ -84,6 +84,16 @@ const CONVS: [(&str, ConvShape, bool); 9] = [
         conv(64, 64, 32, 3, 1, PadMode::Zeros),
         true,
     ),
+    (
+        "speedrun.block1 1x28x28->32 3x3",
+        conv(1, 32, 28, 3, 1, PadMode::Zeros),
+        false,
+    ),
+    (
+        "speedrun.block3 64x7x7->128 3x3",
+        conv(64, 128, 7, 3, 1, PadMode::Zeros),
+        true,
+    ),
 ];
 
 fn ramp(n: usize) -> Vec<f32> {
@@ -92,7 +102,7 @@ fn ramp(n: usize) -> Vec<f32> {
         .collect()
 }
 
-#[divan::bench(args = [0, 1, 2, 3, 4, 5, 6, 7, 8], sample_count = 20)]
+#[divan::bench(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], sample_count = 20)]
 fn conv2d_fwd(bencher: divan::Bencher, which: usize) {
     let (_, s, _) = CONVS[which];
     let (x, w, b) = (
@@ -106,7 +116,7 @@ fn conv2d_fwd(bencher: divan::Bencher, which: usize) {
         .bench_local(|| conv2d_forward(&s, &x, &w, Some(&b), true, &mut out));
 }
 
-#[divan::bench(args = [0, 1, 2, 3, 4, 5, 6, 7, 8], sample_count = 20)]
+#[divan::bench(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], sample_count = 20)]
 fn conv2d_bwd(bencher: divan::Bencher, which: usize) {
     let (_, s, input_grad) = CONVS[which];
     let (x, w, dy) = (
@@ -123,6 +133,37 @@ fn conv2d_bwd(bencher: divan::Bencher, which: usize) {
         let dx = input_grad.then_some(&mut dx[..]);
         conv2d_backward(&s, &x, &w, &dy, Some(&y), dx, Some(&mut dw), Some(&mut db))
     });
+}
+
+/// The backward's two halves apart: the weight (and bias) gradient alone, the input gradient alone.
+#[divan::bench(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], sample_count = 20)]
+fn conv2d_bwd_weight(bencher: divan::Bencher, which: usize) {
+    let (_, s, _) = CONVS[which];
+    let (x, w, dy) = (
+        ramp(s.batch * s.in_image()),
+        ramp(s.weight_len()),
+        ramp(s.batch * s.out_image()),
+    );
+    let y = ramp(s.batch * s.out_image());
+    let (mut dw, mut db) = (vec![0.0; w.len()], vec![0.0; s.out_channels]);
+    bencher
+        .counter(ItemsCount::new(s.forward_macs()))
+        .bench_local(|| conv2d_backward(&s, &x, &w, &dy, Some(&y), None, Some(&mut dw), Some(&mut db)));
+}
+
+#[divan::bench(args = [1, 3, 4, 5, 6, 7, 8, 10], sample_count = 20)]
+fn conv2d_bwd_input(bencher: divan::Bencher, which: usize) {
+    let (_, s, _) = CONVS[which];
+    let (x, w, dy) = (
+        ramp(s.batch * s.in_image()),
+        ramp(s.weight_len()),
+        ramp(s.batch * s.out_image()),
+    );
+    let y = ramp(s.batch * s.out_image());
+    let mut dx = vec![0.0; x.len()];
+    bencher
+        .counter(ItemsCount::new(s.forward_macs()))
+        .bench_local(|| conv2d_backward(&s, &x, &w, &dy, Some(&y), Some(&mut dx), None, None));
 }
 
 /// The seed models' fully connected layers at batch 64: (name, inputs, outputs, ReLU after).

@@ -16,7 +16,10 @@ use burn::tensor::ops::FloatTensor;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 
 use crate::cpu;
-use crate::cpu::batch_norm::{batch_norm_backward, batch_stats, inv_std, normalise, to_f32, BnShape};
+use crate::cpu::batch_norm::{
+    batch_norm_backward, batch_norm_relu_pool_backward, batch_stats, inv_std, normalise, normalise_relu_pool,
+    to_f32, BnPoolShape, BnShape,
+};
 use crate::cpu::conv::{conv2d_backward, conv2d_forward, ConvShape};
 use crate::cpu::dropout::{dropout_backward, dropout_forward, DropoutMask};
 use crate::cpu::linear::LinearShape;
@@ -612,4 +615,177 @@ pub(crate) fn batch_norm_eval<B: Backend>(
         &mut y,
     );
     back::<B, 4>(tensor::<Flex, 4>(from_vec(y, dims)))
+}
+
+#[derive(Debug)]
+struct BnPoolBackward;
+
+/// What the fused batch norm + ReLU + pool's backward reads: the input, the batch's statistics,
+/// the scale, and the pooled output with its argmax and the input there (all pooled-size).
+#[derive(Clone)]
+struct BnPoolState {
+    x: FlexTensor,
+    mean: Vec<f64>,
+    inv_std: Vec<f64>,
+    weight: FlexTensor,
+    z: FlexTensor,
+    argmax: Arc<Vec<u32>>,
+    x_at: Arc<Vec<f32>>,
+    shape: BnPoolShape,
+}
+
+impl fmt::Debug for BnPoolState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BnPoolState({:?})", self.shape)
+    }
+}
+
+impl Backward<Flex, 3> for BnPoolBackward {
+    type State = BnPoolState;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_w, node_b] = ops.parents;
+        let dz = contiguous(grads.consume::<Flex>(&ops.node));
+        let s = ops.state;
+        let sh = s.shape;
+        let mut dx = node_x.as_ref().map(|_| cpu::zeroed::<f32>(sh.bn().len()));
+        let mut dw = node_w.as_ref().map(|_| vec![0.0; sh.channels]);
+        let mut db = node_b.as_ref().map(|_| vec![0.0; sh.channels]);
+        batch_norm_relu_pool_backward(
+            &sh,
+            f32s(&s.x),
+            &s.mean,
+            &s.inv_std,
+            f32s(&s.weight),
+            f32s(&dz),
+            f32s(&s.z),
+            &s.argmax,
+            &s.x_at,
+            dx.as_deref_mut(),
+            dw.as_deref_mut(),
+            db.as_deref_mut(),
+        );
+        register(
+            grads,
+            node_x.map(|n| n.id),
+            dx,
+            [sh.batch, sh.channels, sh.in_h, sh.in_w],
+        );
+        register(grads, node_w.map(|n| n.id), dw, [sh.channels]);
+        register(grads, node_b.map(|n| n.id), db, [sh.channels]);
+    }
+}
+
+/// The fused forward: pooled output, argmax and input at the maxima.
+fn bn_pool_forward(
+    s: &BnPoolShape,
+    x: &FlexTensor,
+    mean: &[f32],
+    inv: &[f32],
+    w: &FlexTensor,
+    b: &FlexTensor,
+) -> (FlexTensor, Vec<u32>, Vec<f32>) {
+    let n = s.out_len();
+    let (mut z, mut argmax, mut x_at) = (
+        cpu::zeroed::<f32>(n),
+        cpu::zeroed::<u32>(n),
+        cpu::zeroed::<f32>(n),
+    );
+    normalise_relu_pool(
+        s,
+        f32s(x),
+        mean,
+        inv,
+        f32s(w),
+        f32s(b),
+        &mut z,
+        &mut argmax,
+        &mut x_at,
+    );
+    (
+        from_vec(z, [s.batch, s.channels, s.out_h(), s.out_w()]),
+        argmax,
+        x_at,
+    )
+}
+
+/// `max_pool2d(relu(batch_norm_train(x)), 2)` on backend `B` (flex or autodiff flex): the pooled
+/// output and the batch's mean and biased variance (untracked).
+pub(crate) fn batch_norm_relu_pool_train<B: Backend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    shape: BnPoolShape,
+    eps: f64,
+) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    let c = shape.channels;
+    let stats = |x: &FlexTensor| {
+        let (mean, var) = batch_stats(&shape.bn(), f32s(x));
+        let inv = inv_std(&var, eps);
+        let tensors = (from_vec(to_f32(&mean), [c]), from_vec(to_f32(&var), [c]));
+        (mean, inv, tensors)
+    };
+    if is_flex::<B>() {
+        let [x, w, b] = [flex_prim(x), flex_prim(weight), flex_prim(bias)].map(contiguous);
+        let (mean, inv, (mean_t, var_t)) = stats(&x);
+        let (z, _, _) = bn_pool_forward(&shape, &x, &to_f32(&mean), &to_f32(&inv), &w, &b);
+        return (
+            back::<B, 4>(tensor::<Flex, 4>(z)),
+            back::<B, 1>(tensor::<Flex, 1>(mean_t)),
+            back::<B, 1>(tensor::<Flex, 1>(var_t)),
+        );
+    }
+    let (x, w, b) = (ad_prim(x), ad_prim(weight), ad_prim(bias));
+    let [xp, wp, bp] = [x.primitive, w.primitive, b.primitive].map(contiguous);
+    let (mean, inv, (mean_t, var_t)) = stats(&xp);
+    let (z, argmax, x_at) = bn_pool_forward(&shape, &xp, &to_f32(&mean), &to_f32(&inv), &wp, &bp);
+    let z = match BnPoolBackward
+        .prepare::<NoCheckpointing>([x.node, w.node, b.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(
+            BnPoolState {
+                x: xp,
+                mean,
+                inv_std: inv,
+                weight: wp,
+                z: z.clone(),
+                argmax: Arc::new(argmax),
+                x_at: Arc::new(x_at),
+                shape,
+            },
+            z,
+        ),
+        OpsKind::UnTracked(prep) => prep.finish(z),
+    };
+    (
+        back::<B, 4>(tensor::<Ad, 4>(z)),
+        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(mean_t))),
+        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(var_t))),
+    )
+}
+
+/// [`batch_norm_relu_pool_train`] with given statistics (inference) on flex.
+pub(crate) fn batch_norm_relu_pool_eval<B: Backend>(
+    x: Tensor<B, 4>,
+    mean: Tensor<B, 1>,
+    var: Tensor<B, 1>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    shape: BnPoolShape,
+    eps: f64,
+) -> Tensor<B, 4> {
+    let [x, mean, var, w, b] = [
+        flex_prim(x),
+        flex_prim(mean),
+        flex_prim(var),
+        flex_prim(weight),
+        flex_prim(bias),
+    ]
+    .map(contiguous);
+    let var: Vec<f64> = f32s(&var).iter().map(|&v| f64::from(v)).collect();
+    let inv = to_f32(&inv_std(&var, eps));
+    let (z, _, _) = bn_pool_forward(&shape, &x, f32s(&mean), &inv, &w, &b);
+    back::<B, 4>(tensor::<Flex, 4>(z))
 }

@@ -27,7 +27,7 @@ mod flex;
 pub mod nn;
 pub mod optim;
 
-pub use cpu::batch_norm::BnShape;
+pub use cpu::batch_norm::{BnPoolShape, BnShape};
 pub use cpu::conv::{ConvShape, PadMode};
 pub use cpu::linear::LinearShape;
 pub use cpu::pool::PoolShape;
@@ -390,6 +390,65 @@ pub fn batch_norm2d_train_stock<B: Backend>(
         .reshape([channels]);
     let y = batch_norm2d_stock(x, mean.clone(), var.clone(), weight, bias, eps, relu);
     (y, mean.detach(), var.detach())
+}
+
+/// The fused shape of a batch norm over `x` with `channels`, pooled 2x2 with stride 2.
+fn bn_pool_shape<B: Backend>(x: &Tensor<B, 4>, channels: usize) -> Option<BnPoolShape> {
+    let [batch, c, in_h, in_w] = x.dims();
+    let shape = BnPoolShape {
+        batch,
+        channels: c,
+        in_h,
+        in_w,
+    };
+    (x.dtype() == DType::F32 && c == channels && shape.is_valid()).then_some(shape)
+}
+
+/// `max_pool2d(relu(batch_norm2d_train(x)), 2)` (a 2x2 window, stride 2, no padding): on the
+/// kernels one pass from the batch norm's input to the pooled output, and a backward without
+/// the full-size intermediates; elsewhere the three ops. Returns the pooled output and the
+/// batch's mean and biased variance, detached, as [`batch_norm2d_train`].
+///
+/// # Shapes
+/// - `x`: `[batch, channels, h, w]`; `weight`, `bias`: `[channels]`
+/// - output: `[batch, channels, h / 2, w / 2]`; mean and variance: `[channels]`
+pub fn batch_norm2d_relu_pool2_train<B: Backend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    eps: f64,
+) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    #[cfg(feature = "flex")]
+    if uses_cpu_kernels::<B>() && weight.dtype() == DType::F32 {
+        if let Some(shape) = bn_pool_shape(&x, weight.dims()[0]) {
+            return flex::batch_norm_relu_pool_train(x, weight, bias, shape, eps);
+        }
+    }
+    let (y, mean, var) = batch_norm2d_train(x, weight, bias, eps, true);
+    (max_pool2d(y, [2, 2], [2, 2], [0, 0]), mean, var)
+}
+
+/// [`batch_norm2d_relu_pool2_train`] with given statistics (inference).
+///
+/// # Shapes
+/// - `x`: `[batch, channels, h, w]`; the others `[channels]`
+/// - output: `[batch, channels, h / 2, w / 2]`
+pub fn batch_norm2d_relu_pool2_eval<B: Backend>(
+    x: Tensor<B, 4>,
+    mean: Tensor<B, 1>,
+    var: Tensor<B, 1>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    eps: f64,
+) -> Tensor<B, 4> {
+    #[cfg(feature = "flex")]
+    if is_flex::<B>() && weight.dtype() == DType::F32 {
+        if let Some(shape) = bn_pool_shape(&x, weight.dims()[0]) {
+            return flex::batch_norm_relu_pool_eval(x, mean, var, weight, bias, shape, eps);
+        }
+    }
+    let y = batch_norm2d_eval(x, mean, var, weight, bias, eps, true);
+    max_pool2d(y, [2, 2], [2, 2], [0, 0])
 }
 
 /// Batch normalisation with given statistics (inference), as

@@ -453,6 +453,67 @@ proptest! {
     }
 }
 
+/// The fused batch norm + ReLU + 2x2 pool (training and inference) against burn's stock batch
+/// norm, ReLU and max pool in f64: the pooled output, the statistics and every gradient.
+fn check_batch_norm_pool(batch: usize, channels: usize, h: usize, w: usize, seed: u64) {
+    use burn::tensor::module::max_pool2d as stock_pool;
+    use ember_kernels::{
+        batch_norm2d_relu_pool2_eval, batch_norm2d_relu_pool2_train, batch_norm2d_train_stock,
+    };
+    let (xf, xr) = same([batch, channels, h, w], seed);
+    let xf = Tensor::<Fast, 4>::from_inner(xf.inner().mul_scalar(3.0).add_scalar(2.0)).require_grad();
+    let xr = Tensor::<Reference, 4>::from_inner(xr.inner().mul_scalar(3.0).add_scalar(2.0)).require_grad();
+    let (wf, wr) = same([channels], seed + 1);
+    let (bf, br) = same([channels], seed + 2);
+    let (rf, rr) = same([batch, channels, h / 2, w / 2], seed + 3);
+    let (zf, mf, vf) = batch_norm2d_relu_pool2_train(xf.clone(), wf.clone(), bf.clone(), 1e-5);
+    let (yr, mr, vr) = batch_norm2d_train_stock(xr.clone(), wr.clone(), br.clone(), 1e-5, true);
+    let zr = stock_pool(yr, [2, 2], [2, 2], [0, 0], [1, 1], false);
+    let what = format!("batch norm + pool {batch}x{channels}x{h}x{w}");
+    assert_close(&format!("{what}: z"), values(zf.clone()), values(zr.clone()));
+    assert_close(&format!("{what}: mean"), values(mf.clone()), values(mr.clone()));
+    assert_close(&format!("{what}: var"), values(vf.clone()), values(vr.clone()));
+    let gf = zf.mul(rf.detach()).sum().backward();
+    let gr = zr.mul(rr.clone().detach()).sum().backward();
+    let scale = values(wr.clone().abs().max())[0] * values(rr.clone().abs().max())[0]
+        / values(vr.clone().add_scalar(1e-5).sqrt().min())[0];
+    assert_close_at_scale(
+        &format!("{what}: dx"),
+        values(xf.grad(&gf).unwrap()),
+        values(xr.grad(&gr).unwrap()),
+        scale,
+    );
+    assert_close(
+        &format!("{what}: dweight"),
+        values(wf.grad(&gf).unwrap()),
+        values(wr.grad(&gr).unwrap()),
+    );
+    assert_close(
+        &format!("{what}: dbias"),
+        values(bf.grad(&gf).unwrap()),
+        values(br.grad(&gr).unwrap()),
+    );
+    let zf = batch_norm2d_relu_pool2_eval(xf.inner(), mf.inner(), vf.inner(), wf.inner(), bf.inner(), 1e-5);
+    let zr = batch_norm2d_relu_pool2_eval(xr.inner(), mr.inner(), vr.inner(), wr.inner(), br.inner(), 1e-5);
+    assert_close(&format!("{what}: eval"), values(zf), values(zr));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn batch_norm_relu_pool_matches_burn(
+        batch in 1usize..5, channels in 1usize..5, h in 2usize..9, w in 2usize..9, seed in 0u64..1000,
+    ) {
+        check_batch_norm_pool(batch, channels, h, w, seed);
+    }
+}
+
+#[test]
+fn batch_norm_relu_pool_at_speedrun_shapes_matches_burn() {
+    check_batch_norm_pool(8, 32, 28, 28, 1);
+    check_batch_norm_pool(8, 128, 7, 7, 2);
+}
+
 #[test]
 fn batch_norm_at_resnet_shapes_matches_burn() {
     check_batch_norm(8, 16, 28, 28, true, 1);

@@ -74,15 +74,44 @@ impl<B: Backend> BatchNorm2d<B> {
         self.forward_maybe_relu(x, true)
     }
 
+    /// `max_pool2d(relu(self.forward(x)), 2)` (2x2 windows, stride 2): one fused pass on
+    /// ember's CPU kernels.
+    ///
+    /// # Shapes
+    /// - `x`: `[batch, channels, height, width]`
+    /// - output: `[batch, channels, height / 2, width / 2]`
+    pub fn forward_relu_pool2(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        let (weight, bias) = (self.weight.val(), self.bias.val());
+        if !B::ad_enabled(&x.device()) {
+            let (mean, var) = (self.running_mean.value(), self.running_var.value());
+            return ember_kernels::batch_norm2d_relu_pool2_eval(x, mean, var, weight, bias, self.eps);
+        }
+        let count = Self::count(&x);
+        let (y, mean, var) = ember_kernels::batch_norm2d_relu_pool2_train(x, weight, bias, self.eps);
+        self.update_running(count, mean, var);
+        y
+    }
+
+    /// Elements per channel of `x`.
+    fn count(x: &Tensor<B, 4>) -> f64 {
+        let [batch, _, height, width] = x.dims();
+        (batch * height * width) as f64
+    }
+
     fn forward_maybe_relu(&self, x: Tensor<B, 4>, relu: bool) -> Tensor<B, 4> {
         let (weight, bias) = (self.weight.val(), self.bias.val());
         if !B::ad_enabled(&x.device()) {
             let (mean, var) = (self.running_mean.value(), self.running_var.value());
             return ember_kernels::batch_norm2d_eval(x, mean, var, weight, bias, self.eps, relu);
         }
-        let [batch, _, height, width] = x.dims();
-        let n = (batch * height * width) as f64;
+        let count = Self::count(&x);
         let (y, mean, var) = ember_kernels::batch_norm2d_train(x, weight, bias, self.eps, relu);
+        self.update_running(count, mean, var);
+        y
+    }
+
+    /// Folds a training batch's statistics (`n` elements per channel) into the running ones.
+    fn update_running(&self, n: f64, mean: Tensor<B, 1>, var: Tensor<B, 1>) {
         let m = self.momentum;
         // PyTorch's running variance is the unbiased estimate (n / (n - 1)); a single value
         // per channel (PyTorch refuses to train on one) keeps the biased one.
@@ -105,7 +134,6 @@ impl<B: Backend> BatchNorm2d<B> {
         for state in [&self.running_mean, &self.running_var, &self.num_batches_tracked] {
             let _ = state.value_sync();
         }
-        y
     }
 }
 

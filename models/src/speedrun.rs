@@ -40,8 +40,24 @@ impl<B: Backend> ConvBlock<B> {
     }
 
     fn forward(&self, x: Tensor<B, 4>, pool: &MaxPool2d) -> Tensor<B, 4> {
-        nn::max_pool2d(pool, self.bn.forward_relu(nn::conv2d(&self.conv, x)))
+        let x = nn::conv2d(&self.conv, x);
+        if is_pool2(pool) {
+            return self.bn.forward_relu_pool2(x);
+        }
+        nn::max_pool2d(pool, self.bn.forward_relu(x))
     }
+}
+
+/// Whether `pool` is the 2x2, stride-2 max pool without padding that batch norm fuses.
+fn is_pool2(pool: &MaxPool2d) -> bool {
+    pool.kernel_size == [2, 2]
+        && pool.stride == [2, 2]
+        && pool.dilation == [1, 1]
+        && !pool.ceil_mode
+        && matches!(
+            pool.padding,
+            PaddingConfig2d::Valid | PaddingConfig2d::Explicit(0, 0, 0, 0)
+        )
 }
 
 #[derive(Config, Debug)]

@@ -8,6 +8,9 @@
 use rayon::prelude::*;
 
 use super::lane_sum;
+use super::pool::pool_2x2;
+#[cfg(test)]
+use super::pool::PoolShape;
 
 /// `batch` images of `channels` maps of `plane` (height x width) elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,12 +124,266 @@ pub fn normalise(
         .zip(x.par_chunks(image))
         .for_each(|(y, x)| {
             for c in 0..s.channels {
-                let (m, a, b) = (mean[c], inv_std[c] * weight[c], bias[c]);
                 let at = c * s.plane..(c + 1) * s.plane;
-                for (y, &x) in y[at.clone()].iter_mut().zip(&x[at]) {
-                    let v = (x - m) * a + b;
-                    // As `relu_in_place` and PyTorch's ReLU: NaN passes (`max` would drop it).
-                    *y = if relu && v <= 0.0 { 0.0 } else { v };
+                let (m, a, b) = (mean[c], inv_std[c] * weight[c], bias[c]);
+                normalise_map(&x[at.clone()], m, a, b, relu, &mut y[at]);
+            }
+        });
+}
+
+/// One map of [`normalise`]: `y = (x - m) * a + b`, ReLU'd when `relu`.
+#[inline(always)]
+fn normalise_map(x: &[f32], m: f32, a: f32, b: f32, relu: bool, y: &mut [f32]) {
+    for (y, &x) in y.iter_mut().zip(x) {
+        let v = (x - m) * a + b;
+        // As `relu_in_place` and PyTorch's ReLU: NaN passes (`max` would drop it).
+        *y = if relu && v <= 0.0 { 0.0 } else { v };
+    }
+}
+
+/// A batch norm whose ReLU'd output goes straight into a 2x2 max pool of stride 2 without
+/// padding (the speedrun net's blocks): input `[batch, channels, in_h, in_w]`, pooled output
+/// `[batch, channels, in_h / 2, in_w / 2]` (floor rounding, as PyTorch's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BnPoolShape {
+    pub batch: usize,
+    pub channels: usize,
+    pub in_h: usize,
+    pub in_w: usize,
+}
+
+impl BnPoolShape {
+    /// The batch norm's shape.
+    pub fn bn(&self) -> BnShape {
+        BnShape {
+            batch: self.batch,
+            channels: self.channels,
+            plane: self.in_h * self.in_w,
+        }
+    }
+
+    /// Every window lies in the image, and there is at least one.
+    pub fn is_valid(&self) -> bool {
+        self.batch * self.channels > 0 && self.in_h >= 2 && self.in_w >= 2
+    }
+
+    pub fn out_h(&self) -> usize {
+        self.in_h / 2
+    }
+
+    pub fn out_w(&self) -> usize {
+        self.in_w / 2
+    }
+
+    pub fn out_plane(&self) -> usize {
+        self.out_h() * self.out_w()
+    }
+
+    /// Elements of the pooled output.
+    pub fn out_len(&self) -> usize {
+        self.batch * self.channels * self.out_plane()
+    }
+
+    #[cfg(test)]
+    fn pool(&self) -> PoolShape {
+        PoolShape {
+            batch: self.batch,
+            channels: self.channels,
+            in_h: self.in_h,
+            in_w: self.in_w,
+            kernel: [2, 2],
+            stride: [2, 2],
+            padding: [0, 0],
+        }
+    }
+}
+
+/// `max_pool2d(relu(normalise(x)), 2)` in one pass over `x`: each map is normalised into a
+/// cache-resident scratch row and pooled from there, so the full-size output is never written.
+/// `out` gets the window maxima, `argmax` their index in the input plane (as
+/// [`max_pool2d_forward`]'s, same ties and NaN rule) and `x_at` the input there, which the
+/// backward's sums read instead of the whole input.
+///
+/// # Shapes
+/// - `x`: `[batch, channels, in_h, in_w]`; `mean`, `inv_std`, `weight`, `bias`: `[channels]`
+/// - `out`, `argmax`, `x_at`: `[batch, channels, in_h / 2, in_w / 2]`, overwritten
+#[allow(clippy::too_many_arguments)]
+pub fn normalise_relu_pool(
+    s: &BnPoolShape,
+    x: &[f32],
+    mean: &[f32],
+    inv_std: &[f32],
+    weight: &[f32],
+    bias: &[f32],
+    out: &mut [f32],
+    argmax: &mut [u32],
+    x_at: &mut [f32],
+) {
+    assert!(s.is_valid(), "batch norm + pool: invalid shape {s:?}");
+    let (plane, pooled) = (s.in_h * s.in_w, s.out_plane());
+    assert_eq!(x.len(), s.bn().len(), "batch norm + pool: input length");
+    for v in [&*out, &*x_at] {
+        assert_eq!(v.len(), s.out_len(), "batch norm + pool: output length");
+    }
+    assert_eq!(argmax.len(), s.out_len(), "batch norm + pool: argmax length");
+    for v in [mean, inv_std, weight, bias] {
+        assert_eq!(v.len(), s.channels, "batch norm + pool: per-channel length");
+    }
+    assert!(plane <= u32::MAX as usize, "batch norm + pool: plane too large");
+    let (image, out_image) = (s.channels * plane, s.channels * pooled);
+    x.par_chunks(image)
+        .zip(out.par_chunks_mut(out_image))
+        .zip(
+            argmax
+                .par_chunks_mut(out_image)
+                .zip(x_at.par_chunks_mut(out_image)),
+        )
+        .for_each(|((x, out), (argmax, x_at))| {
+            let mut y = vec![0.0f32; plane];
+            for c in 0..s.channels {
+                let x = &x[c * plane..][..plane];
+                let at = c * pooled..(c + 1) * pooled;
+                let (out, argmax, x_at) = (&mut out[at.clone()], &mut argmax[at.clone()], &mut x_at[at]);
+                let (m, a, b) = (mean[c], inv_std[c] * weight[c], bias[c]);
+                normalise_map(x, m, a, b, true, &mut y);
+                pool_2x2(s.in_w, &y, out, argmax, s.out_w());
+                for (v, &i) in x_at.iter_mut().zip(&*argmax) {
+                    *v = x[i as usize];
+                }
+            }
+        });
+}
+
+/// Gradients of [`normalise_relu_pool`] with the batch's own statistics (training mode), given
+/// the pooled output's gradient `dz`: `dx` (overwritten, every element), `dweight`, `dbias`.
+///
+/// The same values as [`max_pool2d_backward`] followed by [`batch_norm_backward`] with the
+/// ReLU's gate, without their full-size intermediates: the gradient reaching the normalisation
+/// is `dz` at each window's maximum where the pooled output is not `<= 0`, and zero elsewhere,
+/// so the per-channel sums run over the pooled elements only (`x_at` holds the input there),
+/// and `dx` is the zero-gradient formula everywhere, then each maximum's own.
+#[allow(clippy::too_many_arguments)]
+pub fn batch_norm_relu_pool_backward(
+    s: &BnPoolShape,
+    x: &[f32],
+    mean: &[f64],
+    inv_std: &[f64],
+    weight: &[f32],
+    dz: &[f32],
+    z: &[f32],
+    argmax: &[u32],
+    x_at: &[f32],
+    dx: Option<&mut [f32]>,
+    dweight: Option<&mut [f32]>,
+    dbias: Option<&mut [f32]>,
+) {
+    assert!(s.is_valid(), "batch norm + pool backward: invalid shape {s:?}");
+    let (plane, pooled) = (s.in_h * s.in_w, s.out_plane());
+    assert_eq!(x.len(), s.bn().len(), "batch norm + pool backward: input length");
+    for v in [dz, z, x_at] {
+        assert_eq!(v.len(), s.out_len(), "batch norm + pool backward: pooled length");
+    }
+    assert_eq!(
+        argmax.len(),
+        s.out_len(),
+        "batch norm + pool backward: argmax length"
+    );
+    for v in [mean, inv_std] {
+        assert_eq!(
+            v.len(),
+            s.channels,
+            "batch norm + pool backward: per-channel length"
+        );
+    }
+    assert_eq!(
+        weight.len(),
+        s.channels,
+        "batch norm + pool backward: per-channel length"
+    );
+    // As `batch_norm_backward`'s gate: `dz` passes where the ReLU's output is not `<= 0`.
+    let gate = |dz: f32, z: f32| if z <= 0.0 { 0.0 } else { f64::from(dz) };
+    let out_image = s.channels * pooled;
+    let per_image: Vec<Vec<(f64, f64)>> = dz
+        .par_chunks(out_image)
+        .zip(z.par_chunks(out_image).zip(x_at.par_chunks(out_image)))
+        .map(|(dz, (z, x_at))| {
+            (0..s.channels)
+                .map(|c| {
+                    let at = c * pooled..(c + 1) * pooled;
+                    let (dz, z, x_at) = (&dz[at.clone()], &z[at.clone()], &x_at[at]);
+                    let m = mean[c];
+                    let (mut sum, mut dot) = ([0.0f64; LANES], [0.0f64; LANES]);
+                    for (k, ((&d, &y), &v)) in dz.iter().zip(z).zip(x_at).enumerate() {
+                        let g = gate(d, y);
+                        sum[k % LANES] += g;
+                        dot[k % LANES] += g * (f64::from(v) - m);
+                    }
+                    (sum.iter().sum::<f64>(), dot.iter().sum::<f64>())
+                })
+                .collect()
+        })
+        .collect();
+    let sums: Vec<(f64, f64)> = (0..s.channels)
+        .map(|c| {
+            let (mut sum, mut dot) = (0.0, 0.0);
+            for maps in &per_image {
+                sum += maps[c].0;
+                dot += maps[c].1;
+            }
+            (sum, dot * inv_std[c])
+        })
+        .collect();
+    if let Some(db) = dbias {
+        assert_eq!(
+            db.len(),
+            s.channels,
+            "batch norm + pool backward: bias gradient length"
+        );
+        for (d, (sum, _)) in db.iter_mut().zip(&sums) {
+            *d = *sum as f32;
+        }
+    }
+    if let Some(dw) = dweight {
+        assert_eq!(
+            dw.len(),
+            s.channels,
+            "batch norm + pool backward: weight gradient length"
+        );
+        for (d, (_, dot)) in dw.iter_mut().zip(&sums) {
+            *d = *dot as f32;
+        }
+    }
+    let Some(dx) = dx else { return };
+    assert_eq!(
+        dx.len(),
+        x.len(),
+        "batch norm + pool backward: input gradient length"
+    );
+    let n = s.bn().count() as f64;
+    let image = s.channels * plane;
+    dx.par_chunks_mut(image)
+        .zip(x.par_chunks(image))
+        .zip(
+            dz.par_chunks(out_image)
+                .zip(z.par_chunks(out_image).zip(argmax.par_chunks(out_image))),
+        )
+        .for_each(|((dx, x), (dz, (z, argmax)))| {
+            for c in 0..s.channels {
+                let (m, inv) = (mean[c], inv_std[c]);
+                let scale = f64::from(weight[c]) * inv;
+                let (mean_g, mean_gx) = (sums[c].0 / n, sums[c].1 / n);
+                let k = inv * mean_gx;
+                let (dx, x) = (&mut dx[c * plane..][..plane], &x[c * plane..][..plane]);
+                // `batch_norm_backward`'s formula, in f64 and rounded once: with g = 0 ...
+                for (d, &x) in dx.iter_mut().zip(x) {
+                    *d = (scale * (0.0 - mean_g - (f64::from(x) - m) * k)) as f32;
+                }
+                // ... then at each window's maximum with its own g.
+                let at = c * pooled..(c + 1) * pooled;
+                for ((&d, &y), &i) in dz[at.clone()].iter().zip(&z[at.clone()]).zip(&argmax[at]) {
+                    let g = gate(d, y);
+                    let i = i as usize;
+                    dx[i] = (scale * (g - mean_g - (f64::from(x[i]) - m) * k)) as f32;
                 }
             }
         });
@@ -359,6 +616,102 @@ mod tests {
                     loss(&x, &w, &b2)
                 });
                 assert!((d - f64::from(db[c])).abs() < 2e-2, "dbias[{c}] {} vs {d}", db[c]);
+            }
+        }
+    }
+
+    /// The fused batch norm + ReLU + 2x2 pool against the three kernels it replaces: the same
+    /// pooled values and argmax bit for bit (ties among the ReLU's zeros included), and the
+    /// same gradients to rounding, on even and odd sizes (odd ones leave a row and a column
+    /// outside every window).
+    #[test]
+    fn fused_pool_matches_batch_norm_then_pool() {
+        use crate::cpu::pool::{max_pool2d_backward, max_pool2d_forward};
+        for (batch, channels, in_h, in_w) in [
+            (2, 3, 4, 4),
+            (3, 2, 7, 7),
+            (1, 1, 2, 3),
+            (2, 4, 14, 14),
+            (2, 2, 5, 9),
+        ] {
+            let s = BnPoolShape {
+                batch,
+                channels,
+                in_h,
+                in_w,
+            };
+            let bn = s.bn();
+            // Values on a coarse grid: equal maxima and many zeros after the ReLU.
+            let x: Vec<f32> = values(bn.len(), 11)
+                .iter()
+                .map(|v| (v * 2.0).round() / 2.0)
+                .collect();
+            let dz = values(s.out_len(), 5);
+            let (w, b): (Vec<f32>, Vec<f32>) = (0..channels)
+                // Channel 1's shift puts whole windows below zero: maxima tied at the ReLU's 0.
+                .map(|c| {
+                    (
+                        if c % 2 == 0 { 1.3 } else { -0.8 },
+                        if c == 1 { -2.5 } else { 0.1 * c as f32 },
+                    )
+                })
+                .unzip();
+            let (mean, var) = batch_stats(&bn, &x);
+            let inv = inv_std(&var, 1e-5);
+            let (mean32, inv32) = (to_f32(&mean), to_f32(&inv));
+
+            let mut y = vec![0.0; bn.len()];
+            normalise(&bn, &x, &mean32, &inv32, &w, &b, true, &mut y);
+            let (mut z1, mut a1) = (vec![0.0; s.out_len()], vec![0u32; s.out_len()]);
+            max_pool2d_forward(&s.pool(), &y, &mut z1, &mut a1);
+            let (mut z2, mut a2, mut x_at) = (
+                vec![0.0; s.out_len()],
+                vec![0u32; s.out_len()],
+                vec![0.0; s.out_len()],
+            );
+            normalise_relu_pool(&s, &x, &mean32, &inv32, &w, &b, &mut z2, &mut a2, &mut x_at);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&z1), bits(&z2), "{s:?}: pooled values");
+            assert_eq!(a1, a2, "{s:?}: argmax");
+            if channels > 1 {
+                assert!(z1.contains(&0.0), "{s:?}: no window of ReLU zeros");
+            }
+
+            let mut dy = vec![0.0; bn.len()];
+            max_pool2d_backward(&s.pool(), &dz, &a1, &mut dy);
+            let (mut dx1, mut dw1, mut db1) = (vec![0.0; bn.len()], vec![0.0; channels], vec![0.0; channels]);
+            batch_norm_backward(
+                &bn,
+                &x,
+                &mean,
+                &inv,
+                &w,
+                &dy,
+                Some(&y),
+                Some(&mut dx1),
+                Some(&mut dw1),
+                Some(&mut db1),
+            );
+            let (mut dx2, mut dw2, mut db2) = (vec![9.0; bn.len()], vec![0.0; channels], vec![0.0; channels]);
+            batch_norm_relu_pool_backward(
+                &s,
+                &x,
+                &mean,
+                &inv,
+                &w,
+                &dz,
+                &z2,
+                &a2,
+                &x_at,
+                Some(&mut dx2),
+                Some(&mut dw2),
+                Some(&mut db2),
+            );
+            for (what, got, want) in [("dx", &dx2, &dx1), ("dweight", &dw2, &dw1), ("dbias", &db2, &db1)] {
+                let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+                for (i, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+                    assert!((g - w).abs() <= 1e-6 * scale, "{s:?}: {what}[{i}] {g} vs {w}");
+                }
             }
         }
     }

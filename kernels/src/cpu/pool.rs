@@ -114,7 +114,7 @@ fn pick((best, at): (f32, u32), (v, i): (f32, u32)) -> (f32, u32) {
 }
 
 /// The seed models' 2x2 stride-2 pooling of one plane, with the general scan's order and rule.
-fn pool_2x2(in_w: usize, x: &[f32], out: &mut [f32], argmax: &mut [u32], ow_n: usize) {
+pub(crate) fn pool_2x2(in_w: usize, x: &[f32], out: &mut [f32], argmax: &mut [u32], ow_n: usize) {
     for (oh, (out, argmax)) in out
         .chunks_exact_mut(ow_n)
         .zip(argmax.chunks_exact_mut(ow_n))
