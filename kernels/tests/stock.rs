@@ -192,6 +192,37 @@ proptest! {
     }
 }
 
+/// Batches past 16 images: the weight gradient's groups then hold several images, which the
+/// backward unfolds side by side into one GEMM (as the forward does from two images up), with
+/// a shorter last chunk; the sweep above stops at batch 3.
+#[test]
+fn conv_with_images_side_by_side_matches_burn() {
+    for (batch, in_channels, out_channels, size, kernel, stride, padding, replicate) in [
+        (40, 8, 12, 7, 3, 1, 1, false),
+        (35, 5, 4, 5, 3, 2, 1, true),
+        (20, 3, 8, 4, 2, 1, 0, false),
+    ] {
+        let case = ConvCase {
+            batch,
+            in_channels,
+            out_channels,
+            h: size,
+            w: size + 1,
+            kernel: [kernel, kernel],
+            stride: [stride, stride],
+            padding: [padding, padding],
+            mode: if replicate {
+                PadMode::Replicate
+            } else {
+                PadMode::Zeros
+            },
+            bias: true,
+            relu: true,
+        };
+        check_conv(&case, batch as u64);
+    }
+}
+
 fn check_linear(batch: usize, inputs: usize, outputs: usize, bias: bool, relu: bool, seed: u64) {
     assert!(uses_cpu_kernels::<Fast>());
     let what = format!("linear {batch}x{inputs} -> {outputs} bias {bias} relu {relu}");

@@ -192,13 +192,20 @@ macro_rules! dispatch_wide {
 /// explicitly padded copy of the image (one small copy, after which unfolding needs no bounds
 /// logic) when the convolution pads.
 fn im2col(s: &ConvShape, x: &[f32], col: &mut [f32]) {
+    im2col_pitched(s, x, col, s.pixels())
+}
+
+/// [`im2col`] into rows `pitch` floats apart: patch row `r` of the image lands at
+/// `col[r * pitch..][..pixels]`, so that several images unfold side by side into one matrix
+/// `[patch, images * pixels]` (each image's part of `col` starting at its column).
+fn im2col_pitched(s: &ConvShape, x: &[f32], col: &mut [f32], pitch: usize) {
     if s.padding == [0, 0] {
-        return unfold(s, x, col);
+        return unfold(s, x, col, pitch);
     }
     let (ph_n, pw_n) = padded_size(s);
     with_scratch(3, s.in_channels * ph_n * pw_n, |padded| {
         pad_image(s, x, padded);
-        unfold(s, padded, col)
+        unfold(s, padded, col, pitch)
     })
 }
 
@@ -236,19 +243,19 @@ fn pad_image_rows<R: Rows>(ops: R, s: &ConvShape, x: &[f32], padded: &mut [f32])
 
 /// im2col of an image whose padding is explicit (`padded_size`).
 #[inline(never)]
-fn unfold(s: &ConvShape, padded: &[f32], col: &mut [f32]) {
-    dispatch_wide!(unfold_rows(s: &ConvShape, padded: &[f32], col: &mut [f32]))
+fn unfold(s: &ConvShape, padded: &[f32], col: &mut [f32], pitch: usize) {
+    dispatch_wide!(unfold_rows(s: &ConvShape, padded: &[f32], col: &mut [f32], pitch: usize))
 }
 
 #[inline(always)]
-fn unfold_rows<R: Rows>(ops: R, s: &ConvShape, padded: &[f32], col: &mut [f32]) {
+fn unfold_rows<R: Rows>(ops: R, s: &ConvShape, padded: &[f32], col: &mut [f32], pitch: usize) {
     let (oh_n, ow_n, [kh_n, kw_n], [sh, sw]) = (s.out_h(), s.out_w(), s.kernel, s.stride);
     let (ph_n, pw_n) = padded_size(s);
-    let mut rows = col.chunks_exact_mut(oh_n * ow_n);
+    let mut rows = col.chunks_mut(pitch);
     for plane in padded.chunks_exact(ph_n * pw_n) {
         for kh in 0..kh_n {
             for kw in 0..kw_n {
-                let row = rows.next().expect("col holds patch rows");
+                let row = &mut rows.next().expect("col holds patch rows")[..oh_n * ow_n];
                 for (oh, dst) in row.chunks_exact_mut(ow_n).enumerate() {
                     let src = &plane[(oh * sh + kh) * pw_n + kw..];
                     if sw == 1 {
@@ -267,33 +274,39 @@ fn unfold_rows<R: Rows>(ops: R, s: &ConvShape, padded: &[f32], col: &mut [f32]) 
 /// Adds `col`, `[patch, pixels]`, back onto the image it was unfolded from (`dx` is
 /// overwritten): the adjoint of [`im2col`]. Folds into a padded image first, then adds the
 /// padding's share onto the pixels it copied (replicate) or drops it (zeros).
+#[cfg(test)]
 fn col2im(s: &ConvShape, col: &[f32], dx: &mut [f32]) {
+    col2im_pitched(s, col, dx, s.pixels())
+}
+
+/// [`col2im`] from rows `pitch` floats apart (as [`im2col_pitched`] writes them).
+fn col2im_pitched(s: &ConvShape, col: &[f32], dx: &mut [f32], pitch: usize) {
     if s.padding == [0, 0] {
-        return fold(s, col, dx);
+        return fold(s, col, dx, pitch);
     }
     let (ph_n, pw_n) = padded_size(s);
     with_scratch(3, s.in_channels * ph_n * pw_n, |padded| {
-        fold(s, col, padded);
+        fold(s, col, padded, pitch);
         unpad(s, padded, dx)
     })
 }
 
 /// col2im into an image whose padding is explicit (`padded`, overwritten).
 #[inline(never)]
-fn fold(s: &ConvShape, col: &[f32], padded: &mut [f32]) {
-    dispatch_wide!(fold_rows(s: &ConvShape, col: &[f32], padded: &mut [f32]))
+fn fold(s: &ConvShape, col: &[f32], padded: &mut [f32], pitch: usize) {
+    dispatch_wide!(fold_rows(s: &ConvShape, col: &[f32], padded: &mut [f32], pitch: usize))
 }
 
 #[inline(always)]
-fn fold_rows<R: Rows>(ops: R, s: &ConvShape, col: &[f32], padded: &mut [f32]) {
+fn fold_rows<R: Rows>(ops: R, s: &ConvShape, col: &[f32], padded: &mut [f32], pitch: usize) {
     let (oh_n, ow_n, [kh_n, kw_n], [sh, sw]) = (s.out_h(), s.out_w(), s.kernel, s.stride);
     let (ph_n, pw_n) = padded_size(s);
     padded.fill(0.0);
-    let mut rows = col.chunks_exact(oh_n * ow_n);
+    let mut rows = col.chunks(pitch);
     for plane in padded.chunks_exact_mut(ph_n * pw_n) {
         for kh in 0..kh_n {
             for kw in 0..kw_n {
-                let row = rows.next().expect("col holds patch rows");
+                let row = &rows.next().expect("col holds patch rows")[..oh_n * ow_n];
                 for (oh, src) in row.chunks_exact(ow_n).enumerate() {
                     let dst = &mut plane[(oh * sh + kh) * pw_n + kw..];
                     if sw == 1 {
@@ -590,9 +603,74 @@ pub fn conv2d_forward(
             relu_in_place(out);
         }
     };
-    x.par_chunks(s.in_image())
-        .zip(out.par_chunks_mut(s.out_image()))
-        .for_each(image);
+    let together = if direct.is_some() { 1 } else { images_per_gemm(s) };
+    if together == 1 {
+        return x
+            .par_chunks(s.in_image())
+            .zip(out.par_chunks_mut(s.out_image()))
+            .for_each(image);
+    }
+    // Small images: `together` of them unfolded side by side, one GEMM, then each image's
+    // columns (plus the bias, ReLU'd) into its place.
+    let group = |(x, out): (&[f32], &mut [f32])| {
+        let wide = x.len() / s.in_image() * pixels;
+        with_scratch(0, patch * wide, |col| {
+            for (j, x) in x.chunks_exact(s.in_image()).enumerate() {
+                im2col_pitched(s, x, &mut col[j * pixels..], wide);
+            }
+            with_scratch(1, s.out_channels * wide, |res| {
+                for (o0, on) in blocks(s.out_channels, UNPACKED_COLS) {
+                    for (p0, pn) in [(0, wide / 16 * 16), (wide / 16 * 16, wide % 16)] {
+                        if pn == 0 {
+                            continue;
+                        }
+                        gemm(Gemm {
+                            m: on,
+                            n: pn,
+                            k: patch,
+                            dst: &mut res[o0 * wide + p0..],
+                            dst_rs: wide,
+                            dst_cs: 1,
+                            accumulate: false,
+                            lhs: &weight[o0 * patch..],
+                            lhs_rs: patch,
+                            lhs_cs: 1,
+                            rhs: &col[p0..],
+                            rhs_rs: wide,
+                            rhs_cs: 1,
+                        })
+                    }
+                }
+                for (j, out) in out.chunks_exact_mut(s.out_image()).enumerate() {
+                    for (o, row) in out.chunks_exact_mut(pixels).enumerate() {
+                        row.copy_from_slice(&res[o * wide + j * pixels..][..pixels]);
+                        if let Some(b) = bias {
+                            // The per-image path's `bias + sum`.
+                            row.iter_mut().for_each(|v| *v += b[o]);
+                        }
+                    }
+                    if relu {
+                        relu_in_place(out);
+                    }
+                }
+            })
+        })
+    };
+    x.par_chunks(together * s.in_image())
+        .zip(out.par_chunks_mut(together * s.out_image()))
+        .for_each(group);
+}
+
+/// Images unfolded side by side into one GEMM (a function of the shape only). An image of 7x7
+/// or 4x4 pixels alone makes a GEMM of 49 or 16 columns, too few to amortise the GEMM's setup
+/// and edge tiles; about 768 columns (a multiple of 16 for the usual sizes) keeps the unfolded
+/// block of a 64-channel 3x3 layer within L2. 1x1 convolutions read their input in place.
+fn images_per_gemm(s: &ConvShape) -> usize {
+    const COLUMNS: usize = 768;
+    if s.is_pointwise() {
+        return 1;
+    }
+    COLUMNS.div_ceil(s.pixels()).clamp(1, 32).min(s.batch)
 }
 
 /// Images per group in the weight and bias gradients: a function of the shapes only, never of
@@ -648,6 +726,11 @@ pub fn conv2d_backward(
             (cpu, packed, tap_shifts(&t), t)
         });
     let per = images_per_group(s);
+    let together = if direct_dx.is_some() {
+        1
+    } else {
+        images_per_gemm(s)
+    };
     let mut dx_groups: Vec<Option<&mut [f32]>> = match dx {
         Some(dx) => {
             assert_eq!(dx.len(), x.len(), "conv2d backward: input gradient length");
@@ -669,82 +752,103 @@ pub fn conv2d_backward(
                 Vec::new()
             };
             let mut gb = if want_b { vec![0.0f64; o] } else { Vec::new() };
-            for i in 0..images {
-                let n = first + i;
-                let x_n = &x[n * s.in_image()..][..s.in_image()];
-                let dy_n = &dy[n * s.out_image()..][..s.out_image()];
-                with_scratch(2, if relu_out.is_some() { dy_n.len() } else { 0 }, |masked| {
-                    let dy_n = match relu_out {
-                        Some(y) => {
-                            relu_mask(dy_n, &y[n * s.out_image()..][..s.out_image()], masked);
-                            &*masked
+            // Chunks of `together` images: their (masked) output gradients side by side as
+            // `dyw`, `[o, wide]`, and their unfolded inputs likewise, so that each GEMM spans
+            // the chunk.
+            for c0 in (0..images).step_by(together) {
+                let cn = together.min(images - c0);
+                let (n0, wide) = (first + c0, cn * pixels);
+                let x_c = &x[n0 * s.in_image()..][..cn * s.in_image()];
+                let dy_c = &dy[n0 * s.out_image()..][..cn * s.out_image()];
+                let gather = cn > 1 || relu_out.is_some();
+                with_scratch(2, if gather { o * wide } else { 0 }, |dyw| {
+                    let dyw: &[f32] = if gather {
+                        for (j, dy_n) in dy_c.chunks_exact(s.out_image()).enumerate() {
+                            for (oc, src) in dy_n.chunks_exact(pixels).enumerate() {
+                                let dst = &mut dyw[oc * wide + j * pixels..][..pixels];
+                                match relu_out {
+                                    Some(y) => {
+                                        let at = (n0 + j) * s.out_image() + oc * pixels;
+                                        relu_mask(src, &y[at..][..pixels], dst)
+                                    }
+                                    None => dst.copy_from_slice(src),
+                                }
+                            }
                         }
-                        None => dy_n,
+                        dyw
+                    } else {
+                        dy_c
                     };
                     if want_b {
-                        for (b, row) in gb.iter_mut().zip(dy_n.chunks_exact(pixels)) {
+                        for (b, row) in gb.iter_mut().zip(dyw.chunks_exact(wide)) {
                             *b += lane_sum(row, |v| v);
                         }
                     }
                     if want_w {
-                        // gw^T[patch, o] += col[patch, pixels] . dy_n^T[pixels, o], computed as the
-                        // column-major product dy_n . col^T: the GEMM then reads `col` where it lies
-                        // (six sequential streams) instead of packing a transposed copy of it, and
-                        // packs only the small dy_n.
+                        // gw^T[patch, o] += col[patch, wide] . dyw^T[wide, o], computed as the
+                        // column-major product dyw . col^T: the GEMM then reads `col` where it
+                        // lies (six sequential streams) instead of packing a transposed copy of
+                        // it, and packs only the small dyw.
                         let weight_grad = |col: &[f32], gw_t: &mut [f32]| {
                             gemm(Gemm {
                                 m: o,
                                 n: patch,
-                                k: pixels,
+                                k: wide,
                                 dst: gw_t,
                                 dst_rs: 1,
                                 dst_cs: o,
-                                accumulate: i > 0,
-                                lhs: dy_n,
-                                lhs_rs: pixels,
+                                accumulate: c0 > 0,
+                                lhs: dyw,
+                                lhs_rs: wide,
                                 lhs_cs: 1,
                                 rhs: col,
                                 rhs_rs: 1,
-                                rhs_cs: pixels,
+                                rhs_cs: wide,
                             })
                         };
                         if s.is_pointwise() {
-                            weight_grad(x_n, &mut gw);
+                            // One image per chunk (`images_per_gemm`): its input is `col`.
+                            weight_grad(x_c, &mut gw);
                         } else {
-                            with_scratch(0, patch * pixels, |col| {
-                                im2col(s, x_n, col);
+                            with_scratch(0, patch * wide, |col| {
+                                for (j, x_n) in x_c.chunks_exact(s.in_image()).enumerate() {
+                                    im2col_pitched(s, x_n, &mut col[j * pixels..], wide);
+                                }
                                 weight_grad(col, &mut gw);
                             });
                         }
                     }
                     if let Some(dx) = dx.as_deref_mut() {
-                        let dx_n = &mut dx[i * s.in_image()..][..s.in_image()];
-                        // dcol[patch, pixels] = weight[o, patch]^T . dy_n[o, pixels]
+                        let dx_c = &mut dx[c0 * s.in_image()..][..cn * s.in_image()];
+                        // dcol[patch, wide] = weight[o, patch]^T . dyw[o, wide]
                         let input_grad = |dcol: &mut [f32]| {
                             gemm(Gemm {
                                 m: patch,
-                                n: pixels,
+                                n: wide,
                                 k: o,
                                 dst: dcol,
-                                dst_rs: pixels,
+                                dst_rs: wide,
                                 dst_cs: 1,
                                 accumulate: false,
                                 lhs: weight,
                                 lhs_rs: 1,
                                 lhs_cs: patch,
-                                rhs: dy_n,
-                                rhs_rs: pixels,
+                                rhs: dyw,
+                                rhs_rs: wide,
                                 rhs_cs: 1,
                             })
                         };
                         if s.is_pointwise() {
-                            input_grad(dx_n);
+                            input_grad(dx_c);
                         } else if let Some((cpu, packed, shifts, t)) = &direct_dx {
-                            direct_image(*cpu, t, shifts, dy_n, packed, None, dx_n);
+                            // One image per chunk (`together` is 1 with the direct kernel).
+                            direct_image(*cpu, t, shifts, dyw, packed, None, dx_c);
                         } else {
-                            with_scratch(1, patch * pixels, |dcol| {
+                            with_scratch(1, patch * wide, |dcol| {
                                 input_grad(dcol);
-                                col2im(s, dcol, dx_n);
+                                for (j, dx_n) in dx_c.chunks_exact_mut(s.in_image()).enumerate() {
+                                    col2im_pitched(s, &dcol[j * pixels..], dx_n, wide);
+                                }
                             });
                         }
                     }
@@ -1010,11 +1114,11 @@ mod tests {
                         pad_image(&s, &x, &mut p2);
                         assert_eq!(bits(&p1), bits(&p2), "pad {s:?}");
                         let (mut c1, mut c2) = (vec![1.0; c.len()], vec![2.0; c.len()]);
-                        unfold_rows(Portable, &s, &p1, &mut c1);
-                        unfold(&s, &p1, &mut c2);
+                        unfold_rows(Portable, &s, &p1, &mut c1, s.pixels());
+                        unfold(&s, &p1, &mut c2, s.pixels());
                         assert_eq!(bits(&c1), bits(&c2), "unfold {s:?}");
-                        fold_rows(Portable, &s, &c, &mut p1);
-                        fold(&s, &c, &mut p2);
+                        fold_rows(Portable, &s, &c, &mut p1, s.pixels());
+                        fold(&s, &c, &mut p2, s.pixels());
                         assert_eq!(bits(&p1), bits(&p2), "fold {s:?}");
                         let (mut d1, mut d2) = (vec![1.0; x.len()], vec![2.0; x.len()]);
                         unpad_rows(Portable, &s, &p1, &mut d1);
