@@ -201,6 +201,8 @@ fn conv_with_images_side_by_side_matches_burn() {
         (40, 8, 12, 7, 3, 1, 1, false),
         (35, 5, 4, 5, 3, 2, 1, true),
         (20, 3, 8, 4, 2, 1, 0, false),
+        (32, 64, 64, 7, 3, 1, 1, false),
+        (32, 128, 256, 14, 3, 2, 1, false),
     ] {
         let case = ConvCase {
             batch,
