@@ -582,6 +582,12 @@ pub(crate) fn batch_norm_train<B: Backend>(
     )
 }
 
+/// `1 / sqrt(var + eps)` of running variances, in `f64` and rounded to `f32`.
+fn running_inv_std(var: &FlexTensor, eps: f64) -> Vec<f32> {
+    let var: Vec<f64> = f32s(var).iter().map(|&v| f64::from(v)).collect();
+    to_f32(&inv_std(&var, eps))
+}
+
 /// Batch norm with given statistics (inference) on flex.
 pub(crate) fn batch_norm_eval<B: Backend>(
     x: Tensor<B, 4>,
@@ -601,8 +607,7 @@ pub(crate) fn batch_norm_eval<B: Backend>(
         contiguous(flex_prim(weight)),
         contiguous(flex_prim(bias)),
     ];
-    let var: Vec<f64> = f32s(&var).iter().map(|&v| f64::from(v)).collect();
-    let inv = to_f32(&inv_std(&var, eps));
+    let inv = running_inv_std(&var, eps);
     let mut y = cpu::zeroed::<f32>(shape.len());
     normalise(
         &shape,
@@ -784,8 +789,7 @@ pub(crate) fn batch_norm_relu_pool_eval<B: Backend>(
         flex_prim(bias),
     ]
     .map(contiguous);
-    let var: Vec<f64> = f32s(&var).iter().map(|&v| f64::from(v)).collect();
-    let inv = to_f32(&inv_std(&var, eps));
+    let inv = running_inv_std(&var, eps);
     let (z, _, _) = bn_pool_forward(&shape, &x, f32s(&mean), &inv, &w, &b);
     back::<B, 4>(tensor::<Flex, 4>(z))
 }

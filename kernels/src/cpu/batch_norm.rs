@@ -323,43 +323,29 @@ pub fn batch_norm_relu_pool_backward(
                 .collect()
         })
         .collect();
-    let sums: Vec<(f64, f64)> = (0..s.channels)
-        .map(|c| {
-            let (mut sum, mut dot) = (0.0, 0.0);
-            for maps in &per_image {
-                sum += maps[c].0;
-                dot += maps[c].1;
-            }
-            (sum, dot * inv_std[c])
-        })
-        .collect();
-    if let Some(db) = dbias {
+    if let Some(db) = &dbias {
         assert_eq!(
             db.len(),
             s.channels,
             "batch norm + pool backward: bias gradient length"
         );
-        for (d, (sum, _)) in db.iter_mut().zip(&sums) {
-            *d = *sum as f32;
-        }
     }
-    if let Some(dw) = dweight {
+    if let Some(dw) = &dweight {
         assert_eq!(
             dw.len(),
             s.channels,
             "batch norm + pool backward: weight gradient length"
         );
-        for (d, (_, dot)) in dw.iter_mut().zip(&sums) {
-            *d = *dot as f32;
-        }
     }
+    let maps: Vec<(f64, f64)> = per_image.into_iter().flatten().collect();
+    let n = s.bn().count() as f64;
+    let rules = dx_rules(&maps, s.channels, n, mean, inv_std, weight, dweight, dbias);
     let Some(dx) = dx else { return };
     assert_eq!(
         dx.len(),
         x.len(),
         "batch norm + pool backward: input gradient length"
     );
-    let n = s.bn().count() as f64;
     let image = s.channels * plane;
     dx.par_chunks_mut(image)
         .zip(x.par_chunks(image))
@@ -368,25 +354,86 @@ pub fn batch_norm_relu_pool_backward(
                 .zip(z.par_chunks(out_image).zip(argmax.par_chunks(out_image))),
         )
         .for_each(|((dx, x), (dz, (z, argmax)))| {
-            for c in 0..s.channels {
-                let (m, inv) = (mean[c], inv_std[c]);
-                let scale = f64::from(weight[c]) * inv;
-                let (mean_g, mean_gx) = (sums[c].0 / n, sums[c].1 / n);
-                let k = inv * mean_gx;
+            for (c, rule) in rules.iter().enumerate() {
                 let (dx, x) = (&mut dx[c * plane..][..plane], &x[c * plane..][..plane]);
-                // `batch_norm_backward`'s formula, in f64 and rounded once: with g = 0 ...
+                // `batch_norm_backward`'s formula with g = 0 ...
                 for (d, &x) in dx.iter_mut().zip(x) {
-                    *d = (scale * (0.0 - mean_g - (f64::from(x) - m) * k)) as f32;
+                    *d = rule.dx(0.0, x);
                 }
                 // ... then at each window's maximum with its own g.
                 let at = c * pooled..(c + 1) * pooled;
                 for ((&d, &y), &i) in dz[at.clone()].iter().zip(&z[at.clone()]).zip(&argmax[at]) {
                     let g = gate(d, y);
                     let i = i as usize;
-                    dx[i] = (scale * (g - mean_g - (f64::from(x[i]) - m) * k)) as f32;
+                    dx[i] = rule.dx(g, x[i]);
                 }
             }
         });
+}
+
+/// One channel's input gradient, `dx = scale * (g - mean_g - (x - mean) * k)` with
+/// `scale = weight * inv_std` and `k = inv_std * mean(g * x_hat)`: each element in `f64` from
+/// `f64` statistics and rounded once (see [`batch_norm_backward`]).
+#[derive(Clone, Copy)]
+struct DxRule {
+    scale: f64,
+    mean_g: f64,
+    mean: f64,
+    k: f64,
+}
+
+impl DxRule {
+    #[inline(always)]
+    fn dx(self, g: f64, x: f32) -> f32 {
+        (self.scale * (g - self.mean_g - (f64::from(x) - self.mean) * self.k)) as f32
+    }
+}
+
+/// The backward's per-channel step, shared by both backwards: each channel's sums of `g` and
+/// of `g * x_hat` from the per-map sums (`maps[image * channels + c]`, of `g` and of
+/// `g * (x - mean)`), in image order; `dbias` and `dweight` from them; and each channel's
+/// [`DxRule`] (`n` elements per channel).
+#[allow(clippy::too_many_arguments)]
+fn dx_rules(
+    maps: &[(f64, f64)],
+    channels: usize,
+    n: f64,
+    mean: &[f64],
+    inv_std: &[f64],
+    weight: &[f32],
+    dweight: Option<&mut [f32]>,
+    dbias: Option<&mut [f32]>,
+) -> Vec<DxRule> {
+    let batch = if channels == 0 { 0 } else { maps.len() / channels };
+    let sums: Vec<(f64, f64)> = (0..channels)
+        .map(|c| {
+            let (mut sum, mut dot) = (0.0, 0.0);
+            for i in 0..batch {
+                let (a, b) = maps[i * channels + c];
+                sum += a;
+                dot += b;
+            }
+            (sum, dot * inv_std[c])
+        })
+        .collect();
+    if let Some(db) = dbias {
+        for (d, (sum, _)) in db.iter_mut().zip(&sums) {
+            *d = *sum as f32;
+        }
+    }
+    if let Some(dw) = dweight {
+        for (d, (_, dot)) in dw.iter_mut().zip(&sums) {
+            *d = *dot as f32;
+        }
+    }
+    (0..channels)
+        .map(|c| DxRule {
+            scale: f64::from(weight[c]) * inv_std[c],
+            mean_g: sums[c].0 / n,
+            mean: mean[c],
+            k: inv_std[c] * (sums[c].1 / n),
+        })
+        .collect()
 }
 
 /// Gradients of [`normalise`] with the batch's own statistics (training mode): `dx`, `dweight`,
@@ -462,47 +509,28 @@ pub fn batch_norm_backward(
             .collect();
         per_image.into_iter().flatten().collect()
     };
-    // Per channel, in image order: sum of g and of g * x_hat.
-    let sums: Vec<(f64, f64)> = (0..s.channels)
-        .map(|c| {
-            let (mut sum, mut dot) = (0.0, 0.0);
-            for i in 0..s.batch {
-                let (a, b) = maps[i * s.channels + c];
-                sum += a;
-                dot += b;
-            }
-            (sum, dot * inv_std[c])
-        })
-        .collect();
-    if let Some(db) = dbias {
-        for (d, (sum, _)) in db.iter_mut().zip(&sums) {
-            *d = *sum as f32;
-        }
-    }
-    if let Some(dw) = dweight {
-        for (d, (_, dot)) in dw.iter_mut().zip(&sums) {
-            *d = *dot as f32;
-        }
-    }
+    let rules = dx_rules(
+        &maps,
+        s.channels,
+        s.count() as f64,
+        mean,
+        inv_std,
+        weight,
+        dweight,
+        dbias,
+    );
     let Some(dx) = dx else { return };
     assert_eq!(dx.len(), s.len(), "batch norm: input gradient length");
     if s.is_empty() {
         return;
     }
-    let n = s.count() as f64;
     dx.par_chunks_mut(image)
         .zip(
             x.par_chunks(image)
                 .zip(dy.par_chunks(image).zip(y.par_chunks(image))),
         )
         .for_each(|(dx, (x, (dy, y)))| {
-            for c in 0..s.channels {
-                let (m, inv) = (mean[c], inv_std[c]);
-                let scale = f64::from(weight[c]) * inv;
-                let (mean_g, mean_gx) = (sums[c].0 / n, sums[c].1 / n);
-                // dx = scale * (g - mean_g - (x - m) * inv * mean_gx), each element in f64
-                // from f64 statistics and rounded once.
-                let k = inv * mean_gx;
+            for (c, rule) in rules.iter().enumerate() {
                 let at = c * s.plane..(c + 1) * s.plane;
                 for (((d, &x), &dy), &y) in dx[at.clone()]
                     .iter_mut()
@@ -512,7 +540,7 @@ pub fn batch_norm_backward(
                 {
                     let dy = f64::from(dy);
                     let g = if relu { gate(dy, f64::from(y)) } else { dy };
-                    *d = (scale * (g - mean_g - (f64::from(x) - m) * k)) as f32;
+                    *d = rule.dx(g, x);
                 }
             }
         });

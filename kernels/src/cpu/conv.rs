@@ -554,6 +554,32 @@ pub fn conv2d_forward(
         let packed = pack_weights(s, |o, c, t| weight[(o * s.in_channels + c) * taps + t]);
         (cpu, packed, tap_shifts(s))
     });
+    // out[o, j] (+)= weight[o, :] . col[:, j] over `cols` columns, `out` and `col` in rows of
+    // `cols`; the whole vectors first, then the tail (see `UNPACKED_COLS`).
+    let product = |col: &[f32], out: &mut [f32], cols: usize, accumulate: bool| {
+        for (o0, on) in blocks(s.out_channels, UNPACKED_COLS) {
+            for (p0, pn) in [(0, cols / 16 * 16), (cols / 16 * 16, cols % 16)] {
+                if pn == 0 {
+                    continue;
+                }
+                gemm(Gemm {
+                    m: on,
+                    n: pn,
+                    k: patch,
+                    dst: &mut out[o0 * cols + p0..],
+                    dst_rs: cols,
+                    dst_cs: 1,
+                    accumulate,
+                    lhs: &weight[o0 * patch..],
+                    lhs_rs: patch,
+                    lhs_cs: 1,
+                    rhs: &col[p0..],
+                    rhs_rs: cols,
+                    rhs_cs: 1,
+                })
+            }
+        }
+    };
     let image = |(x, out): (&[f32], &mut [f32])| {
         if let Some((cpu, packed, shifts)) = &direct {
             direct_image(*cpu, s, shifts, x, packed, bias, out);
@@ -567,36 +593,12 @@ pub fn conv2d_forward(
                 row.fill(b);
             }
         }
-        let product = |col: &[f32], out: &mut [f32]| {
-            for (o0, on) in blocks(s.out_channels, UNPACKED_COLS) {
-                for (p0, pn) in [(0, pixels / 16 * 16), (pixels / 16 * 16, pixels % 16)] {
-                    if pn == 0 {
-                        continue;
-                    }
-                    gemm(Gemm {
-                        m: on,
-                        n: pn,
-                        k: patch,
-                        dst: &mut out[o0 * pixels + p0..],
-                        dst_rs: pixels,
-                        dst_cs: 1,
-                        accumulate: bias.is_some(),
-                        lhs: &weight[o0 * patch..],
-                        lhs_rs: patch,
-                        lhs_cs: 1,
-                        rhs: &col[p0..],
-                        rhs_rs: pixels,
-                        rhs_cs: 1,
-                    })
-                }
-            }
-        };
         if s.is_pointwise() {
-            product(x, out);
+            product(x, out, pixels, bias.is_some());
         } else {
             with_scratch(0, patch * pixels, |col| {
                 im2col(s, x, col);
-                product(col, out);
+                product(col, out, pixels, bias.is_some());
             });
         }
         if relu {
@@ -619,28 +621,7 @@ pub fn conv2d_forward(
                 im2col_pitched(s, x, &mut col[j * pixels..], wide);
             }
             with_scratch(1, s.out_channels * wide, |res| {
-                for (o0, on) in blocks(s.out_channels, UNPACKED_COLS) {
-                    for (p0, pn) in [(0, wide / 16 * 16), (wide / 16 * 16, wide % 16)] {
-                        if pn == 0 {
-                            continue;
-                        }
-                        gemm(Gemm {
-                            m: on,
-                            n: pn,
-                            k: patch,
-                            dst: &mut res[o0 * wide + p0..],
-                            dst_rs: wide,
-                            dst_cs: 1,
-                            accumulate: false,
-                            lhs: &weight[o0 * patch..],
-                            lhs_rs: patch,
-                            lhs_cs: 1,
-                            rhs: &col[p0..],
-                            rhs_rs: wide,
-                            rhs_cs: 1,
-                        })
-                    }
-                }
+                product(col, res, wide, false);
                 for (j, out) in out.chunks_exact_mut(s.out_image()).enumerate() {
                     for (o, row) in out.chunks_exact_mut(pixels).enumerate() {
                         row.copy_from_slice(&res[o * wide + j * pixels..][..pixels]);
