@@ -37,7 +37,7 @@ const fn conv(
 }
 
 /// (name, shape, whether the input gradient is needed: not for a first layer).
-const CONVS: [(&str, ConvShape, bool); 11] = [
+const CONVS: [(&str, ConvShape, bool); 14] = [
     (
         "net.conv1 1x28x28->32 3x3",
         conv(1, 32, 28, 3, 0, PadMode::Zeros),
@@ -94,6 +94,21 @@ const CONVS: [(&str, ConvShape, bool); 11] = [
         conv(64, 128, 7, 3, 1, PadMode::Zeros),
         true,
     ),
+    (
+        "resnet18.stage2 128x16x16->128 3x3",
+        conv(128, 128, 16, 3, 1, PadMode::Zeros),
+        true,
+    ),
+    (
+        "resnet18.stage3 256x8x8->256 3x3",
+        conv(256, 256, 8, 3, 1, PadMode::Zeros),
+        true,
+    ),
+    (
+        "resnet18.stage4 512x4x4->512 3x3",
+        conv(512, 512, 4, 3, 1, PadMode::Zeros),
+        true,
+    ),
 ];
 
 fn ramp(n: usize) -> Vec<f32> {
@@ -102,7 +117,7 @@ fn ramp(n: usize) -> Vec<f32> {
         .collect()
 }
 
-#[divan::bench(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], sample_count = 20)]
+#[divan::bench(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], sample_count = 20)]
 fn conv2d_fwd(bencher: divan::Bencher, which: usize) {
     let (_, s, _) = CONVS[which];
     let (x, w, b) = (
@@ -116,7 +131,7 @@ fn conv2d_fwd(bencher: divan::Bencher, which: usize) {
         .bench_local(|| conv2d_forward(&s, &x, &w, Some(&b), true, &mut out));
 }
 
-#[divan::bench(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], sample_count = 20)]
+#[divan::bench(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], sample_count = 20)]
 fn conv2d_bwd(bencher: divan::Bencher, which: usize) {
     let (_, s, input_grad) = CONVS[which];
     let (x, w, dy) = (
@@ -136,7 +151,7 @@ fn conv2d_bwd(bencher: divan::Bencher, which: usize) {
 }
 
 /// The backward's two halves apart: the weight (and bias) gradient alone, the input gradient alone.
-#[divan::bench(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10], sample_count = 20)]
+#[divan::bench(args = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13], sample_count = 20)]
 fn conv2d_bwd_weight(bencher: divan::Bencher, which: usize) {
     let (_, s, _) = CONVS[which];
     let (x, w, dy) = (
@@ -151,7 +166,7 @@ fn conv2d_bwd_weight(bencher: divan::Bencher, which: usize) {
         .bench_local(|| conv2d_backward(&s, &x, &w, &dy, Some(&y), None, Some(&mut dw), Some(&mut db)));
 }
 
-#[divan::bench(args = [1, 3, 4, 5, 6, 7, 8, 10], sample_count = 20)]
+#[divan::bench(args = [1, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13], sample_count = 20)]
 fn conv2d_bwd_input(bencher: divan::Bencher, which: usize) {
     let (_, s, _) = CONVS[which];
     let (x, w, dy) = (

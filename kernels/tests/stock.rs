@@ -225,6 +225,47 @@ fn conv_with_images_side_by_side_matches_burn() {
     }
 }
 
+/// 3x3 convolutions with stride 1 and one pixel of zero padding where conv.rs takes
+/// Winograd's F(2x2, 3x3) (`winograd::applies`: 64 channels and 8 pixels a side up, or for the
+/// input gradient 256 channels at any size): odd and even heights and widths (the last tile row
+/// or column half outside the image), channel counts off the GEMM's blocks, one image and
+/// batches that fill several calls with a shorter last one, with and without the fused ReLU (its
+/// gradient masked before the transform), ResNet-18's stages (stage 4's 4x4 images through
+/// Winograd for the input gradient only), and beside them the sizes just under the thresholds
+/// (direct). The transforms' edge cases (1x1 images, tiny channel counts) are tested on
+/// `convolve` itself in `winograd.rs`.
+#[test]
+fn conv_through_winograd_matches_burn() {
+    for (batch, in_channels, out_channels, h, w, relu) in [
+        (1, 64, 64, 8, 8, false),
+        (2, 64, 72, 9, 11, true),
+        (3, 65, 64, 10, 8, false),
+        (40, 64, 64, 8, 8, true),
+        (3, 64, 64, 32, 32, false),
+        (2, 128, 128, 16, 16, true),
+        (9, 256, 256, 8, 8, false),
+        (2, 256, 256, 3, 5, true),
+        (2, 512, 512, 4, 4, false),
+        (5, 64, 64, 7, 7, true),
+        (4, 63, 64, 8, 8, false),
+    ] {
+        let case = ConvCase {
+            batch,
+            in_channels,
+            out_channels,
+            h,
+            w,
+            kernel: [3, 3],
+            stride: [1, 1],
+            padding: [1, 1],
+            mode: PadMode::Zeros,
+            bias: true,
+            relu,
+        };
+        check_conv(&case, (batch * h + w) as u64);
+    }
+}
+
 fn check_linear(batch: usize, inputs: usize, outputs: usize, bias: bool, relu: bool, seed: u64) {
     assert!(uses_cpu_kernels::<Fast>());
     let what = format!("linear {batch}x{inputs} -> {outputs} bias {bias} relu {relu}");

@@ -1,4 +1,6 @@
-//! 2-D convolution on contiguous NCHW `f32` buffers: im2col + one GEMM per image.
+//! 2-D convolution on contiguous NCHW `f32` buffers: im2col + one GEMM per image, a direct
+//! kernel for small channel counts, and Winograd's F(2x2, 3x3) for the wide 3x3 layers
+//! (`winograd`, where it measured faster).
 //!
 //! Every image is computed by one thread with a single-threaded GEMM, so an image's result does
 //! not depend on how many threads run; the weight and bias gradients sum over images in groups
@@ -13,6 +15,8 @@ use rayon::prelude::*;
 
 use super::scratch::with_scratch;
 use super::{gemm, lane_sum, out_len, relu_in_place, relu_mask, transpose, Gemm};
+
+mod winograd;
 
 /// How a convolution reads outside its input.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -525,6 +529,42 @@ fn blocks(len: usize, size: usize) -> impl Iterator<Item = (usize, usize)> {
         .map(move |start| (start, size.min(len - start)))
 }
 
+/// `out[o, j] (+)= weight[o, :] . col[:, j]` for `o < rows`, `j < cols`: `weight` is `[rows, k]`,
+/// `col` `[k, cols]` and `out` `[rows, cols]`, row-major. In blocks of [`UNPACKED_COLS`] rows,
+/// the whole 16-float vectors of columns first, then the tail, so that gemm reads `col` in place.
+fn weights_times(
+    weight: &[f32],
+    rows: usize,
+    k: usize,
+    col: &[f32],
+    out: &mut [f32],
+    cols: usize,
+    accumulate: bool,
+) {
+    for (o0, on) in blocks(rows, UNPACKED_COLS) {
+        for (p0, pn) in [(0, cols / 16 * 16), (cols / 16 * 16, cols % 16)] {
+            if pn == 0 {
+                continue;
+            }
+            gemm(Gemm {
+                m: on,
+                n: pn,
+                k,
+                dst: &mut out[o0 * cols + p0..],
+                dst_rs: cols,
+                dst_cs: 1,
+                accumulate,
+                lhs: &weight[o0 * k..],
+                lhs_rs: k,
+                lhs_cs: 1,
+                rhs: &col[p0..],
+                rhs_rs: cols,
+                rhs_cs: 1,
+            })
+        }
+    }
+}
+
 /// `out = conv(x, weight) + bias`, then `max(out, 0)` when `relu` (NaN stays NaN, as in burn's and
 /// PyTorch's ReLU), applied per image while it is still in cache.
 ///
@@ -550,35 +590,29 @@ pub fn conv2d_forward(
     }
     let (patch, pixels) = (s.patch(), s.pixels());
     let taps = s.kernel[0] * s.kernel[1];
+    if winograd::applies(s, winograd::Pass::Forward) {
+        let u = winograd::transform_weights(s.out_channels, s.in_channels, |o, c, t| {
+            weight[(o * s.in_channels + c) * taps + t]
+        });
+        let n = winograd::images_per_call(s);
+        return x
+            .par_chunks(n * s.in_image())
+            .zip(out.par_chunks_mut(n * s.out_image()))
+            .for_each(|(x, out)| {
+                let planes = winograd::Planes {
+                    data: x,
+                    image: s.in_image(),
+                    channel: s.in_h * s.in_w,
+                };
+                winograd::convolve(s, &u, planes, x.len() / s.in_image(), bias, relu, out)
+            });
+    }
     let direct = direct(s).map(|cpu| {
         let packed = pack_weights(s, |o, c, t| weight[(o * s.in_channels + c) * taps + t]);
         (cpu, packed, tap_shifts(s))
     });
-    // out[o, j] (+)= weight[o, :] . col[:, j] over `cols` columns, `out` and `col` in rows of
-    // `cols`; the whole vectors first, then the tail (see `UNPACKED_COLS`).
     let product = |col: &[f32], out: &mut [f32], cols: usize, accumulate: bool| {
-        for (o0, on) in blocks(s.out_channels, UNPACKED_COLS) {
-            for (p0, pn) in [(0, cols / 16 * 16), (cols / 16 * 16, cols % 16)] {
-                if pn == 0 {
-                    continue;
-                }
-                gemm(Gemm {
-                    m: on,
-                    n: pn,
-                    k: patch,
-                    dst: &mut out[o0 * cols + p0..],
-                    dst_rs: cols,
-                    dst_cs: 1,
-                    accumulate,
-                    lhs: &weight[o0 * patch..],
-                    lhs_rs: patch,
-                    lhs_cs: 1,
-                    rhs: &col[p0..],
-                    rhs_rs: cols,
-                    rhs_cs: 1,
-                })
-            }
-        }
+        weights_times(weight, s.out_channels, patch, col, out, cols, accumulate)
     };
     let image = |(x, out): (&[f32], &mut [f32])| {
         if let Some((cpu, packed, shifts)) = &direct {
@@ -716,15 +750,28 @@ pub fn conv2d_backward(
     }
     let (patch, pixels, o) = (s.patch(), s.pixels(), s.out_channels);
     let (want_w, want_b) = (dweight.is_some(), dbias.is_some());
-    // The input gradient as the direct convolution of the output gradient, where it applies.
     let taps = s.kernel[0] * s.kernel[1];
+    // The input gradient as a convolution of the output gradient (with the kernel turned and
+    // its channels swapped): by Winograd's F(2x2, 3x3) in a pass of its own, or by the direct
+    // kernel within the groups below, where either applies; else through col2im.
+    let rotated = |c: usize, o: usize, k: usize| weight[(o * s.in_channels + c) * taps + (taps - 1 - k)];
+    let winograd_dx = transposed(s)
+        .filter(|t| s.stride == [1, 1] && dx.is_some() && winograd::applies(t, winograd::Pass::InputGradient))
+        .map(|t| {
+            (
+                winograd::transform_weights(t.out_channels, t.in_channels, rotated),
+                t,
+            )
+        });
+    let (dx, dx_winograd) = match (&winograd_dx, dx) {
+        (Some(_), Some(dx)) => (None, Some(dx)),
+        (_, dx) => (dx, None),
+    };
     let direct_dx = transposed(s)
         .filter(|_| s.stride == [1, 1] && dx.is_some())
         .and_then(|t| Some((direct(&t)?, t)))
         .map(|(cpu, t)| {
-            let packed = pack_weights(&t, |c, o, k| {
-                weight[(o * s.in_channels + c) * taps + (taps - 1 - k)]
-            });
+            let packed = pack_weights(&t, rotated);
             (cpu, packed, tap_shifts(&t), t)
         });
     let per = images_per_group(s);
@@ -860,6 +907,31 @@ pub fn conv2d_backward(
         })
         .collect();
 
+    if let (Some((u, t)), Some(dx)) = (&winograd_dx, dx_winograd) {
+        assert_eq!(dx.len(), x.len(), "conv2d backward: input gradient length");
+        let n = winograd::images_per_call(t);
+        dx.par_chunks_mut(n * s.in_image())
+            .enumerate()
+            .for_each(|(g, dx)| {
+                let images = dx.len() / s.in_image();
+                let at = g * n * s.out_image();
+                let dy_c = &dy[at..][..images * s.out_image()];
+                fn planes<'a>(s: &ConvShape, data: &'a [f32]) -> winograd::Planes<'a> {
+                    winograd::Planes {
+                        data,
+                        image: s.out_image(),
+                        channel: s.pixels(),
+                    }
+                }
+                match relu_out {
+                    None => winograd::convolve(t, u, planes(s, dy_c), images, None, false, dx),
+                    Some(y) => with_scratch(2, dy_c.len(), |masked| {
+                        relu_mask(dy_c, &y[at..][..dy_c.len()], masked);
+                        winograd::convolve(t, u, planes(s, masked), images, None, false, dx)
+                    }),
+                }
+            });
+    }
     if let Some(dw) = dweight {
         assert_eq!(
             dw.len(),

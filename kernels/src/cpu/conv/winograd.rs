@@ -1,0 +1,452 @@
+//! Winograd's minimal filtering F(2x2, 3x3) for 3x3 convolutions with stride 1 and one pixel of
+//! zero padding (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks", 2015).
+//!
+//! The output is cut into 2x2 tiles; each reads a 4x4 tile of the padded input. Per tile and
+//! channel the input becomes `V = Bᵀ d B`, per output and input channel the kernel `U = G g Gᵀ`
+//! (both 4x4), and the 16 element positions ξ of these 4x4 tiles are 16 independent GEMMs,
+//! `M_ξ[out, tiles] = U_ξ[out, in] . V_ξ[in, tiles]`; `Y = Aᵀ M A` turns each tile's 16 sums into
+//! its 2x2 outputs. The GEMMs take 16 multiply-adds per 4 outputs and input channel, against 36
+//! for the direct sum: 2.25x fewer, at the price of the transforms (additions only, a few passes
+//! over data the size of the input and output).
+//!
+//! Rounding: every value is the f32 result of a fixed sequence of operations that depends only
+//! on the shapes (the transforms elementwise, the GEMMs single-threaded per group of images
+//! whose size depends on the shapes), so results are bit-identical for any thread count and,
+//! the transforms being plain additions that auto-vectorise without reordering, for the
+//! AVX-512 and portable builds of the loops. The transforms add and subtract values of the
+//! input's and kernel's own scale, so the error stays within a small multiple of the direct
+//! sum's (checked against f64 in the tests).
+
+use crate::cpu::relu_in_place;
+use crate::cpu::scratch::with_scratch;
+
+use super::{weights_times, ConvShape, PadMode};
+
+/// Positions in a 4x4 transformed tile: one GEMM each.
+const XI: usize = 16;
+
+/// Where the transforms pay off. With few channels each GEMM is too small to amortise the
+/// transforms, and on small odd images the padded tiles waste up to a third of the work: there
+/// the direct kernel wins. Measured in `benches/kernels.rs` (`conv2d_fwd`, `conv2d_bwd_input`,
+/// one thread, batch 64, Intel Xeon with AVX-512, median ms direct → Winograd):
+///
+/// | layer               | forward       | input gradient |
+/// |---------------------|---------------|----------------|
+/// | 16x28x28  -> 16     | 2.37 → 4.30   | 2.12 → 4.81    |
+/// | 32x14x14  -> 32     | 2.44 → 3.05   | 2.03 → 3.44    |
+/// | 64x7x7    -> 64     | 2.24 → 3.55   | 3.20 → 3.73    |
+/// | 32x14x14  -> 64     | 3.93 → 4.77   | 3.32 → 5.84    |
+/// | 64x7x7    -> 128    | 3.60 → 5.90   | 4.66 → 6.33    |
+/// | 64x32x32  -> 64     | 46.7 → 29.1   | 35.4 → 32.3    |
+/// | 128x16x16 -> 128    | 32.6 → 28.2   | 33.6 → 28.4    |
+/// | 256x8x8   -> 256    | 26.7 → 25.2   | 38.7 → 26.0    |
+/// | 512x4x4   -> 512    | 29.5 → 36.8   | 85.1 → 37.5    |
+///
+/// Hence: at least [`MIN_CHANNELS`] on both sides and an output of at least [`MIN_SIDE`]
+/// pixels a side, or, for the input gradient, at least [`MIN_CHANNELS_ANY_SIDE`] channels.
+const MIN_CHANNELS: usize = 64;
+const MIN_SIDE: usize = 8;
+const MIN_CHANNELS_ANY_SIDE: usize = 256;
+
+/// About this many tiles per call: enough columns for each GEMM to run at full width.
+const TILES_PER_CALL: usize = 512;
+
+/// At most this many bytes of transformed input per call (and as many of products): the
+/// thread's scratch buffers are kept between steps, so this bounds what they hold.
+const MAX_SCRATCH_BYTES: usize = 4 << 20;
+
+/// Which pass a convolution computes: the forward, or the input gradient as the forward of the
+/// transposed shape.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Pass {
+    Forward,
+    InputGradient,
+}
+
+/// Whether Winograd F(2x2, 3x3) computes `s` in `pass`: a 3x3 kernel, stride 1, one pixel of
+/// zero padding (the output the input's size), and a size where it measured faster (see
+/// [`MIN_CHANNELS`]).
+pub(super) fn applies(s: &ConvShape, pass: Pass) -> bool {
+    let channels = s.in_channels.min(s.out_channels);
+    let pays = channels >= MIN_CHANNELS
+        && (s.in_h.min(s.in_w) >= MIN_SIDE
+            || (pass == Pass::InputGradient && channels >= MIN_CHANNELS_ANY_SIDE));
+    s.kernel == [3, 3]
+        && s.stride == [1, 1]
+        && s.padding == [1, 1]
+        && s.mode == PadMode::Zeros
+        && pays
+        && s.is_valid()
+}
+
+/// Tile rows and columns: `ceil(out / 2)` each (the output is the input's size).
+fn tiles(s: &ConvShape) -> (usize, usize) {
+    (s.in_h.div_ceil(2), s.in_w.div_ceil(2))
+}
+
+/// Images per call ([`convolve`]): a function of the shapes only.
+pub(super) fn images_per_call(s: &ConvShape) -> usize {
+    let (th, tw) = tiles(s);
+    let per_image = th * tw;
+    let widest = s.in_channels.max(s.out_channels);
+    let by_bytes = MAX_SCRATCH_BYTES / (XI * widest * per_image * std::mem::size_of::<f32>());
+    TILES_PER_CALL
+        .div_ceil(per_image)
+        .min(by_bytes)
+        .clamp(1, s.batch.max(1))
+}
+
+/// The kernels transformed, `u[ξ][o][c]` = `(G g Gᵀ)[ξ]` of the 3x3 kernel `g[t] = get(o, c, t)`
+/// (`t` row-major over the taps), each computed in f64 and rounded once.
+pub(super) fn transform_weights(
+    out_channels: usize,
+    in_channels: usize,
+    get: impl Fn(usize, usize, usize) -> f32,
+) -> Vec<f32> {
+    const G: [[f64; 3]; 4] = [
+        [1.0, 0.0, 0.0],
+        [0.5, 0.5, 0.5],
+        [0.5, -0.5, 0.5],
+        [0.0, 0.0, 1.0],
+    ];
+    let plane = out_channels * in_channels;
+    let mut u = vec![0.0f32; XI * plane];
+    for o in 0..out_channels {
+        for c in 0..in_channels {
+            let g: [f64; 9] = std::array::from_fn(|t| f64::from(get(o, c, t)));
+            // gg = G g, [4, 3]; then U = gg Gᵀ, [4, 4].
+            let gg: [[f64; 3]; 4] = std::array::from_fn(|i| {
+                std::array::from_fn(|l| (0..3).map(|k| G[i][k] * g[k * 3 + l]).sum())
+            });
+            for i in 0..4 {
+                for j in 0..4 {
+                    let v: f64 = (0..3).map(|l| gg[i][l] * G[j][l]).sum();
+                    u[(i * 4 + j) * plane + o * in_channels + c] = v as f32;
+                }
+            }
+        }
+    }
+    u
+}
+
+/// Input images addressed by strides: channel `c` of image `j` is the `in_h x in_w` plane at
+/// `data[j * image + c * channel..]` (NCHW is `image = in_channels * plane`, `channel = plane`;
+/// the backward's side-by-side gradients are `image = plane`, `channel = images * plane`).
+#[derive(Clone, Copy)]
+pub(super) struct Planes<'a> {
+    pub data: &'a [f32],
+    pub image: usize,
+    pub channel: usize,
+}
+
+/// `out = conv(x, g) + bias`, then `max(out, 0)` when `relu`, for `images` images (`out` NCHW,
+/// `images` whole images, overwritten); `u` from [`transform_weights`] of `s`'s kernel.
+pub(super) fn convolve(
+    s: &ConvShape,
+    u: &[f32],
+    x: Planes<'_>,
+    images: usize,
+    bias: Option<&[f32]>,
+    relu: bool,
+    out: &mut [f32],
+) {
+    let (th, tw) = tiles(s);
+    let tiles = images * th * tw;
+    let (ci, co) = (s.in_channels, s.out_channels);
+    assert_eq!(u.len(), XI * co * ci, "winograd: transformed weight length");
+    assert_eq!(out.len(), images * s.out_image(), "winograd: output length");
+    let plane = s.in_h * s.in_w;
+    if images > 0 {
+        let last = (images - 1) * x.image + (ci - 1) * x.channel + plane;
+        assert!(x.data.len() >= last, "winograd: input too short");
+    }
+    if let Some(b) = bias {
+        assert_eq!(b.len(), co, "winograd: bias length");
+    }
+    with_scratch(0, XI * ci * tiles, |v| {
+        transform_input(s, x, images, v);
+        with_scratch(1, XI * co * tiles, |m| {
+            for (u, (v, m)) in u
+                .chunks_exact(co * ci)
+                .zip(v.chunks_exact(ci * tiles).zip(m.chunks_exact_mut(co * tiles)))
+            {
+                weights_times(u, co, ci, v, m, tiles, false);
+            }
+            transform_output(s, m, images, bias, out);
+        })
+    });
+    if relu {
+        relu_in_place(out);
+    }
+}
+
+/// `V = Bᵀ d B` of every tile, into `v[ξ][c][tile]` (tiles numbered image, tile row, tile
+/// column).
+#[inline(never)]
+fn transform_input(s: &ConvShape, x: Planes<'_>, images: usize, v: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::simd::Avx512::detect().is_some() {
+        #[target_feature(enable = "avx512f")]
+        fn wide(s: &ConvShape, x: Planes<'_>, images: usize, v: &mut [f32]) {
+            transform_input_loops(s, x, images, v)
+        }
+        // SAFETY: a function compiled for AVX-512F needs a CPU that runs it, which `detect`
+        // checked.
+        return unsafe { wide(s, x, images, v) };
+    }
+    transform_input_loops(s, x, images, v)
+}
+
+#[inline(always)]
+fn transform_input_loops(s: &ConvShape, x: Planes<'_>, images: usize, v: &mut [f32]) {
+    let (h, w) = (s.in_h, s.in_w);
+    let (th, tw) = tiles(s);
+    let (ci, tiles) = (s.in_channels, images * th * tw);
+    let zeros = vec![0.0f32; w];
+    // Per tile row: Bᵀ d down the columns gives four rows t_i (over padded columns); e_i and o_i
+    // are their even and odd padded columns (padded column p is input column p - 1), so that the
+    // 4x4 tile at tile column k reads e_i[k], o_i[k], e_i[k + 1], o_i[k + 1].
+    let mut eo = vec![0.0f32; 8 * (tw + 1)];
+    for j in 0..images {
+        for c in 0..ci {
+            let plane = &x.data[j * x.image + c * x.channel..][..h * w];
+            let row = |r: usize| -> &[f32] {
+                // Padded row r is input row r - 1.
+                if (1..=h).contains(&r) {
+                    &plane[(r - 1) * w..][..w]
+                } else {
+                    &zeros
+                }
+            };
+            for ty in 0..th {
+                let [r0, r1, r2, r3] = [row(2 * ty), row(2 * ty + 1), row(2 * ty + 2), row(2 * ty + 3)];
+                let (e, o) = eo.split_at_mut(4 * (tw + 1));
+                let mut rows_e = e.chunks_exact_mut(tw + 1);
+                let mut rows_o = o.chunks_exact_mut(tw + 1);
+                // Bᵀ's rows: t0 = d0 - d2, t1 = d1 + d2, t2 = d2 - d1, t3 = d1 - d3.
+                let combos: [fn(f32, f32, f32, f32) -> f32; 4] = [
+                    |d0, _, d2, _| d0 - d2,
+                    |_, d1, d2, _| d1 + d2,
+                    |_, d1, d2, _| d2 - d1,
+                    |_, d1, _, d3| d1 - d3,
+                ];
+                for f in combos {
+                    let (e, o) = (rows_e.next().expect("4 rows"), rows_o.next().expect("4 rows"));
+                    let at = |q: usize| f(r0[q], r1[q], r2[q], r3[q]);
+                    // e[k] is input column 2k - 1, o[k] input column 2k (zero outside).
+                    e[0] = 0.0;
+                    for k in 1..tw {
+                        e[k] = at(2 * k - 1);
+                    }
+                    e[tw] = if w % 2 == 0 { at(w - 1) } else { 0.0 };
+                    for k in 0..tw {
+                        o[k] = at(2 * k);
+                    }
+                    o[tw] = 0.0;
+                }
+                // The same combinations across: v_i0 = X0 - X2, v_i1 = X1 + X2, v_i2 = X2 - X1,
+                // v_i3 = X1 - X3 with X0..X3 = e[k], o[k], e[k + 1], o[k + 1].
+                let first = (j * th + ty) * tw;
+                for i in 0..4 {
+                    let e = &e[i * (tw + 1)..][..tw + 1];
+                    let o = &o[i * (tw + 1)..][..tw + 1];
+                    for (xi, op) in (4 * i..4 * i + 4).zip(0..4) {
+                        let out = &mut v[(xi * ci + c) * tiles + first..][..tw];
+                        match op {
+                            0 => out.iter_mut().enumerate().for_each(|(k, d)| *d = e[k] - e[k + 1]),
+                            1 => out.iter_mut().enumerate().for_each(|(k, d)| *d = o[k] + e[k + 1]),
+                            2 => out.iter_mut().enumerate().for_each(|(k, d)| *d = e[k + 1] - o[k]),
+                            _ => out.iter_mut().enumerate().for_each(|(k, d)| *d = o[k] - o[k + 1]),
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `Y = Aᵀ M A` of every tile, plus the bias, into `out` (NCHW, the 2x2 outputs that fall
+/// inside the image).
+#[inline(never)]
+fn transform_output(s: &ConvShape, m: &[f32], images: usize, bias: Option<&[f32]>, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::simd::Avx512::detect().is_some() {
+        #[target_feature(enable = "avx512f")]
+        fn wide(s: &ConvShape, m: &[f32], images: usize, bias: Option<&[f32]>, out: &mut [f32]) {
+            transform_output_loops(s, m, images, bias, out)
+        }
+        // SAFETY: as in `transform_input`.
+        return unsafe { wide(s, m, images, bias, out) };
+    }
+    transform_output_loops(s, m, images, bias, out)
+}
+
+#[inline(always)]
+fn transform_output_loops(s: &ConvShape, m: &[f32], images: usize, bias: Option<&[f32]>, out: &mut [f32]) {
+    let (h, w) = (s.in_h, s.in_w);
+    let (th, tw) = tiles(s);
+    let (co, tiles) = (s.out_channels, images * th * tw);
+    // Aᵀ's rows: s0 = m0 + m1 + m2, s1 = m1 - m2 - m3 (down, then the same across).
+    let mut rows = vec![0.0f32; 8 * tw];
+    let mut y = vec![0.0f32; 4 * tw];
+    for (j, image) in out.chunks_exact_mut(s.out_image()).enumerate() {
+        for (o, dst) in image.chunks_exact_mut(h * w).enumerate() {
+            let b = bias.map_or(0.0, |b| b[o]);
+            for ty in 0..th {
+                let first = (j * th + ty) * tw;
+                let m = |xi: usize| &m[(xi * co + o) * tiles + first..][..tw];
+                // rows[a * 4 + col] = (Aᵀ M)[a][col], each over the tile row's tiles.
+                for col in 0..4 {
+                    let (m0, m1, m2, m3) = (m(col), m(4 + col), m(8 + col), m(12 + col));
+                    let (s0, s1) = rows.split_at_mut(4 * tw);
+                    let s0 = &mut s0[col * tw..][..tw];
+                    let s1 = &mut s1[col * tw..][..tw];
+                    for k in 0..tw {
+                        s0[k] = m0[k] + m1[k] + m2[k];
+                        s1[k] = m1[k] - m2[k] - m3[k];
+                    }
+                }
+                for a in 0..2 {
+                    let r = &rows[a * 4 * tw..][..4 * tw];
+                    let (c0, c1, c2, c3) = (&r[..tw], &r[tw..2 * tw], &r[2 * tw..3 * tw], &r[3 * tw..]);
+                    let (y0, y1) = y[a * 2 * tw..][..2 * tw].split_at_mut(tw);
+                    for k in 0..tw {
+                        y0[k] = c0[k] + c1[k] + c2[k] + b;
+                        y1[k] = c1[k] - c2[k] - c3[k] + b;
+                    }
+                }
+                // Interleave into the (up to) two output rows.
+                for a in 0..2 {
+                    let oh = 2 * ty + a;
+                    if oh >= h {
+                        break;
+                    }
+                    let (y0, y1) = y[a * 2 * tw..][..2 * tw].split_at(tw);
+                    let row = &mut dst[oh * w..][..w];
+                    let (pairs, last) = row.split_at_mut(w / 2 * 2);
+                    for ((p, &a0), &a1) in pairs.chunks_exact_mut(2).zip(y0.iter()).zip(y1.iter()) {
+                        p[0] = a0;
+                        p[1] = a1;
+                    }
+                    if let Some(l) = last.first_mut() {
+                        *l = y0[tw - 1];
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The direct 3x3 sum in f64 (zero padding of one pixel), and per output the sum of the
+    /// terms' magnitudes (the scale that f32 rounding errors are measured against).
+    fn direct(s: &ConvShape, x: &[f32], g: &[f32], bias: &[f32]) -> (Vec<f64>, Vec<f64>) {
+        let (h, w, ci, co) = (s.in_h, s.in_w, s.in_channels, s.out_channels);
+        let (mut y, mut scale) = (vec![0.0; s.batch * co * h * w], vec![0.0; s.batch * co * h * w]);
+        for j in 0..s.batch {
+            for o in 0..co {
+                for r in 0..h {
+                    for q in 0..w {
+                        let at = ((j * co + o) * h + r) * w + q;
+                        let (mut sum, mut abs) = (f64::from(bias[o]), f64::from(bias[o]).abs());
+                        for c in 0..ci {
+                            for t in 0..9 {
+                                let (rr, qq) = ((r + t / 3).wrapping_sub(1), (q + t % 3).wrapping_sub(1));
+                                if rr < h && qq < w {
+                                    let term = f64::from(x[((j * ci + c) * h + rr) * w + qq])
+                                        * f64::from(g[(o * ci + c) * 9 + t]);
+                                    sum += term;
+                                    abs += term.abs();
+                                }
+                            }
+                        }
+                        y[at] = sum;
+                        scale[at] = abs;
+                    }
+                }
+            }
+        }
+        (y, scale)
+    }
+
+    /// `convolve` itself, whatever `applies` picks: 1x1 and 2x2 images (every tile mostly
+    /// padding), odd and even heights and widths (the last tile row or column half outside the
+    /// image), channel counts off the GEMM's 48-row and 16-column blocks, several images per call
+    /// (tiles of different images side by side), with and without bias and ReLU, and the input
+    /// read through strides that are not NCHW's (as the backward passes it).
+    #[test]
+    fn convolve_matches_the_direct_sum() {
+        let ramp = |n: usize, seed: usize| -> Vec<f32> {
+            (0..n)
+                .map(|i| ((i * 7919 + seed * 104_729) % 2001) as f32 / 1000.0 - 1.0)
+                .collect()
+        };
+        for (case, &(images, ci, co, h, w, relu)) in [
+            (1, 1, 1, 1, 1, false),
+            (2, 3, 5, 2, 2, true),
+            (3, 17, 49, 1, 5, false),
+            (2, 50, 20, 5, 4, true),
+            (4, 16, 16, 6, 7, false),
+            (1, 64, 65, 9, 9, true),
+            (5, 8, 3, 11, 2, false),
+            (3, 33, 64, 8, 8, false),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let s = ConvShape {
+                batch: images,
+                in_channels: ci,
+                in_h: h,
+                in_w: w,
+                out_channels: co,
+                kernel: [3, 3],
+                stride: [1, 1],
+                padding: [1, 1],
+                mode: PadMode::Zeros,
+            };
+            let x = ramp(images * ci * h * w, case);
+            let g = ramp(co * ci * 9, case + 100);
+            let bias = ramp(co, case + 200);
+            let (want, scale) = direct(&s, &x, &g, &bias);
+            let u = transform_weights(co, ci, |o, c, t| g[(o * ci + c) * 9 + t]);
+            // The same images channel-major (`image = plane`, `channel = images * plane`).
+            let plane = h * w;
+            let mut x_t = vec![0.0f32; x.len()];
+            for j in 0..images {
+                for c in 0..ci {
+                    x_t[(c * images + j) * plane..][..plane]
+                        .copy_from_slice(&x[(j * ci + c) * plane..][..plane]);
+                }
+            }
+            let layouts = [
+                Planes {
+                    data: &x,
+                    image: ci * plane,
+                    channel: plane,
+                },
+                Planes {
+                    data: &x_t,
+                    image: plane,
+                    channel: images * plane,
+                },
+            ];
+            for planes in layouts {
+                let mut got = vec![f32::NAN; want.len()];
+                convolve(&s, &u, planes, images, Some(&bias), relu, &mut got);
+                for (i, (&got, (&want, &scale))) in got.iter().zip(want.iter().zip(&scale)).enumerate() {
+                    let want = if relu { want.max(0.0) } else { want };
+                    let err = (f64::from(got) - want).abs() / scale.max(1e-30);
+                    assert!(
+                        err <= 1e-5,
+                        "case {case} ({images}x{ci}x{h}x{w} -> {co}, relu {relu}), output {i}: \
+                         {got} against {want}, error {err:e} of the terms' magnitudes"
+                    );
+                }
+            }
+        }
+    }
+}
