@@ -100,17 +100,24 @@ impl Fixture {
             .unwrap_or_else(|| panic!("fixture has no tensor {name}"))
     }
 
+    /// Whether the fixture holds `key`, whole or sampled.
+    pub fn has(&self, key: &str) -> bool {
+        self.tensors.contains_key(key) || self.tensors.contains_key(&format!("{key}.index"))
+    }
+
     fn param_names(&self) -> Vec<String> {
         serde_json::from_str(&self.meta["params"]).unwrap()
     }
 
-    /// PyTorch's float32 error on `key` against this float64 fixture (0 when not recorded). A
+    /// PyTorch's float32 error on `key` against this float64 fixture, as the metadata `record`
+    /// holds it (`f32_error`: oneDNN on 1 to 4 threads; `f32_native_error`: its own
+    /// convolution; 0 when not recorded). A
     /// sampled tensor's error is measured as [`compare`] measures ours: the larger of the samples'
     /// and half the sum of squares' (parity.py records them as `KEY.value` and `KEY.sumsq`).
-    fn torch_f32_error(&self, key: &str) -> f64 {
+    fn torch_f32_error(&self, key: &str, record: &str) -> f64 {
         let Some(errors) = self
             .meta
-            .get("f32_error")
+            .get(record)
             .map(|e| serde_json::from_str::<HashMap<String, f64>>(e).unwrap())
         else {
             return 0.0;
@@ -191,6 +198,15 @@ fn values(data: &TensorData) -> Vec<f64> {
 
 /// Compares our `ours` (full tensor) with the fixture's `key` at bound `tol`, or `slack` times
 /// PyTorch's own float32 error on it where that is larger (see [`Tolerance::f32_slack`]).
+///
+/// A float32 result may take a ReLU whose exact input is within float32's rounding of zero the
+/// other way, and its gradients then differ at that element, far above any rounding bound; the
+/// batch norm fixtures have such inputs in every layer, and PyTorch's float32 with its own
+/// convolution (oneDNN off) takes some of ResNet-18's the other way (benches/pytorch/parity.py).
+/// Where ours does not match the exact result, the first pass (logits, loss, gradients) must
+/// match that PyTorch result (`torch32_native.KEY`) to the same bound; after three steps, where
+/// each run's parameters follow its own ReLUs, ours must be within `slack` times the larger of
+/// the two PyTorch runs' errors.
 pub fn compare_with_slack(
     fixture: &Fixture,
     key: &str,
@@ -198,7 +214,18 @@ pub fn compare_with_slack(
     tol: f64,
     slack: f64,
 ) -> Result<f64, String> {
-    compare(fixture, key, ours, tol.max(slack * fixture.torch_f32_error(key)))
+    let bound = tol.max(slack * fixture.torch_f32_error(key, "f32_error"));
+    let native = format!("torch32_native.{key}");
+    match compare(fixture, key, ours, bound) {
+        Err(exact) if slack > 0.0 && fixture.has(&native) => compare(fixture, &native, ours, bound)
+            .map_err(|e| format!("{exact}, and against PyTorch's float32 with its own convolution {e}")),
+        Err(exact) if slack > 0.0 && key.starts_with("step3.") && fixture.has("torch32_native.loss") => {
+            let native_bound = tol.max(slack * fixture.torch_f32_error(key, "f32_native_error"));
+            compare(fixture, key, ours, bound.max(native_bound))
+                .map_err(|e| format!("{exact}; {e} with PyTorch's float32 error with its own convolution"))
+        }
+        result => result,
+    }
 }
 
 /// Compares our `ours` (full tensor) with the fixture's `key`, which may be sampled.
