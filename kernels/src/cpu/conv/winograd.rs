@@ -203,9 +203,12 @@ fn transform_input_loops(s: &ConvShape, x: Planes<'_>, images: usize, v: &mut [f
     let (th, tw) = tiles(s);
     let (ci, tiles) = (s.in_channels, images * th * tw);
     let zeros = vec![0.0f32; w];
-    // Per tile row: Bᵀ d down the columns gives four rows t_i (over padded columns); e_i and o_i
-    // are their even and odd padded columns (padded column p is input column p - 1), so that the
-    // 4x4 tile at tile column k reads e_i[k], o_i[k], e_i[k + 1], o_i[k + 1].
+    // Per tile row: Bᵀ d down the columns gives four rows t_i over the padded columns (padded
+    // column p is input column p - 1; columns 0 and w + 1.. stay zero); e_i and o_i are their
+    // even and odd padded columns, so that the 4x4 tile at tile column k reads e_i[k], o_i[k],
+    // e_i[k + 1], o_i[k + 1]. Every loop runs over contiguous slices, so it vectorises.
+    let padded = 2 * tw + 2;
+    let mut t = vec![0.0f32; padded];
     let mut eo = vec![0.0f32; 8 * (tw + 1)];
     for j in 0..images {
         for c in 0..ci {
@@ -220,43 +223,41 @@ fn transform_input_loops(s: &ConvShape, x: Planes<'_>, images: usize, v: &mut [f
             };
             for ty in 0..th {
                 let [r0, r1, r2, r3] = [row(2 * ty), row(2 * ty + 1), row(2 * ty + 2), row(2 * ty + 3)];
-                let (e, o) = eo.split_at_mut(4 * (tw + 1));
-                let mut rows_e = e.chunks_exact_mut(tw + 1);
-                let mut rows_o = o.chunks_exact_mut(tw + 1);
-                // Bᵀ's rows: t0 = d0 - d2, t1 = d1 + d2, t2 = d2 - d1, t3 = d1 - d3.
-                let combos: [fn(f32, f32, f32, f32) -> f32; 4] = [
-                    |d0, _, d2, _| d0 - d2,
-                    |_, d1, d2, _| d1 + d2,
-                    |_, d1, d2, _| d2 - d1,
-                    |_, d1, _, d3| d1 - d3,
-                ];
-                for f in combos {
-                    let (e, o) = (rows_e.next().expect("4 rows"), rows_o.next().expect("4 rows"));
-                    let at = |q: usize| f(r0[q], r1[q], r2[q], r3[q]);
-                    // e[k] is input column 2k - 1, o[k] input column 2k (zero outside).
-                    e[0] = 0.0;
-                    for k in 1..tw {
-                        e[k] = at(2 * k - 1);
-                    }
-                    e[tw] = if w % 2 == 0 { at(w - 1) } else { 0.0 };
-                    for k in 0..tw {
-                        o[k] = at(2 * k);
-                    }
-                    o[tw] = 0.0;
-                }
-                // The same combinations across: v_i0 = X0 - X2, v_i1 = X1 + X2, v_i2 = X2 - X1,
-                // v_i3 = X1 - X3 with X0..X3 = e[k], o[k], e[k + 1], o[k + 1].
                 let first = (j * th + ty) * tw;
                 for i in 0..4 {
-                    let e = &e[i * (tw + 1)..][..tw + 1];
-                    let o = &o[i * (tw + 1)..][..tw + 1];
+                    // Bᵀ's rows: t0 = d0 - d2, t1 = d1 + d2, t2 = d2 - d1, t3 = d1 - d3.
+                    let inside = &mut t[1..=w];
+                    let (a, b) = match i {
+                        0 => (r0, r2),
+                        1 | 2 => (r1, r2),
+                        _ => (r1, r3),
+                    };
+                    let pairs = inside.iter_mut().zip(a.iter().zip(b));
+                    match i {
+                        0 | 3 => pairs.for_each(|(t, (a, b))| *t = a - b),
+                        1 => pairs.for_each(|(t, (a, b))| *t = a + b),
+                        _ => pairs.for_each(|(t, (a, b))| *t = b - a),
+                    }
+                    let (e, o) = eo[i * 2 * (tw + 1)..][..2 * (tw + 1)].split_at_mut(tw + 1);
+                    for ((e, o), p) in e.iter_mut().zip(o.iter_mut()).zip(t.chunks_exact(2)) {
+                        *e = p[0];
+                        *o = p[1];
+                    }
+                    // The same combinations across: v_i0 = X0 - X2, v_i1 = X1 + X2,
+                    // v_i2 = X2 - X1, v_i3 = X1 - X3 with X0..X3 = e[k], o[k], e[k + 1], o[k + 1].
+                    let (e, o) = (&e[..], &o[..]);
                     for (xi, op) in (4 * i..4 * i + 4).zip(0..4) {
                         let out = &mut v[(xi * ci + c) * tiles + first..][..tw];
+                        let (a, b) = match op {
+                            0 => (&e[..tw], &e[1..]),
+                            1 | 2 => (&o[..tw], &e[1..]),
+                            _ => (&o[..tw], &o[1..]),
+                        };
+                        let pairs = out.iter_mut().zip(a.iter().zip(b));
                         match op {
-                            0 => out.iter_mut().enumerate().for_each(|(k, d)| *d = e[k] - e[k + 1]),
-                            1 => out.iter_mut().enumerate().for_each(|(k, d)| *d = o[k] + e[k + 1]),
-                            2 => out.iter_mut().enumerate().for_each(|(k, d)| *d = e[k + 1] - o[k]),
-                            _ => out.iter_mut().enumerate().for_each(|(k, d)| *d = o[k] - o[k + 1]),
+                            0 | 3 => pairs.for_each(|(d, (a, b))| *d = a - b),
+                            1 => pairs.for_each(|(d, (a, b))| *d = a + b),
+                            _ => pairs.for_each(|(d, (a, b))| *d = b - a),
                         }
                     }
                 }
