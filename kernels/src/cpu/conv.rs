@@ -590,10 +590,9 @@ pub fn conv2d_forward(
     }
     let (patch, pixels) = (s.patch(), s.pixels());
     let taps = s.kernel[0] * s.kernel[1];
+    let tap = |o: usize, c: usize, t: usize| weight[(o * s.in_channels + c) * taps + t];
     if winograd::applies(s, winograd::Pass::Forward) {
-        let u = winograd::transform_weights(s.out_channels, s.in_channels, |o, c, t| {
-            weight[(o * s.in_channels + c) * taps + t]
-        });
+        let u = winograd::transform_weights(s.out_channels, s.in_channels, tap);
         let n = winograd::images_per_call(s);
         return x
             .par_chunks(n * s.in_image())
@@ -608,7 +607,7 @@ pub fn conv2d_forward(
             });
     }
     let direct = direct(s).map(|cpu| {
-        let packed = pack_weights(s, |o, c, t| weight[(o * s.in_channels + c) * taps + t]);
+        let packed = pack_weights(s, tap);
         (cpu, packed, tap_shifts(s))
     });
     let product = |col: &[f32], out: &mut [f32], cols: usize, accumulate: bool| {
