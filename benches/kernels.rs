@@ -388,7 +388,7 @@ fn batch_norm_fwd(bencher: divan::Bencher, which: usize) {
     bencher.counter(ItemsCount::new(s.len())).bench_local(|| {
         let (mean, var) = batch_stats(&s, &x);
         let inv = inv_std(&var, 1e-5);
-        normalise(&s, &x, &mean, &to_f32(&inv), &w, &b, true, &mut y);
+        normalise(&s, &x, &to_f32(&mean), &to_f32(&inv), &w, &b, true, &mut y);
     });
 }
 

@@ -521,7 +521,7 @@ pub(crate) fn batch_norm_train<B: Backend>(
         normalise(
             &shape,
             f32s(x),
-            &mean,
+            &to_f32(&mean),
             &to_f32(&inv),
             f32s(w),
             f32s(b),
@@ -584,12 +584,8 @@ pub(crate) fn batch_norm_train<B: Backend>(
 
 /// `1 / sqrt(var + eps)` of running variances, in `f64` and rounded to `f32`.
 fn running_inv_std(var: &FlexTensor, eps: f64) -> Vec<f32> {
-    to_f32(&inv_std(&widened(var), eps))
-}
-
-/// The `f32` elements of `t` as `f64`.
-fn widened(t: &FlexTensor) -> Vec<f64> {
-    f32s(t).iter().map(|&v| f64::from(v)).collect()
+    let var: Vec<f64> = f32s(var).iter().map(|&v| f64::from(v)).collect();
+    to_f32(&inv_std(&var, eps))
 }
 
 /// Batch norm with given statistics (inference) on flex.
@@ -616,7 +612,7 @@ pub(crate) fn batch_norm_eval<B: Backend>(
     normalise(
         &shape,
         f32s(&x),
-        &widened(&mean),
+        f32s(&mean),
         &inv,
         f32s(&w),
         f32s(&b),
@@ -689,7 +685,7 @@ impl Backward<Flex, 3> for BnPoolBackward {
 fn bn_pool_forward(
     s: &BnPoolShape,
     x: &FlexTensor,
-    mean: &[f64],
+    mean: &[f32],
     inv: &[f32],
     w: &FlexTensor,
     b: &FlexTensor,
@@ -737,7 +733,7 @@ pub(crate) fn batch_norm_relu_pool_train<B: Backend>(
     if is_flex::<B>() {
         let [x, w, b] = [flex_prim(x), flex_prim(weight), flex_prim(bias)].map(contiguous);
         let (mean, inv, (mean_t, var_t)) = stats(&x);
-        let (z, _, _) = bn_pool_forward(&shape, &x, &mean, &to_f32(&inv), &w, &b);
+        let (z, _, _) = bn_pool_forward(&shape, &x, &to_f32(&mean), &to_f32(&inv), &w, &b);
         return (
             back::<B, 4>(tensor::<Flex, 4>(z)),
             back::<B, 1>(tensor::<Flex, 1>(mean_t)),
@@ -747,7 +743,7 @@ pub(crate) fn batch_norm_relu_pool_train<B: Backend>(
     let (x, w, b) = (ad_prim(x), ad_prim(weight), ad_prim(bias));
     let [xp, wp, bp] = [x.primitive, w.primitive, b.primitive].map(contiguous);
     let (mean, inv, (mean_t, var_t)) = stats(&xp);
-    let (z, argmax, x_at) = bn_pool_forward(&shape, &xp, &mean, &to_f32(&inv), &wp, &bp);
+    let (z, argmax, x_at) = bn_pool_forward(&shape, &xp, &to_f32(&mean), &to_f32(&inv), &wp, &bp);
     let z = match BnPoolBackward
         .prepare::<NoCheckpointing>([x.node, w.node, b.node])
         .compute_bound()
@@ -794,6 +790,6 @@ pub(crate) fn batch_norm_relu_pool_eval<B: Backend>(
     ]
     .map(contiguous);
     let inv = running_inv_std(&var, eps);
-    let (z, _, _) = bn_pool_forward(&shape, &x, &widened(&mean), &inv, &w, &b);
+    let (z, _, _) = bn_pool_forward(&shape, &x, f32s(&mean), &inv, &w, &b);
     back::<B, 4>(tensor::<Flex, 4>(z))
 }

@@ -464,10 +464,14 @@ fn dropout_keeps_scales_and_routes_the_gradient_like_burns() {
     );
 }
 
-/// The size of the terms a batch norm's output adds, `weight * x_hat` and `bias` (the largest
-/// of each, from the reference's values): `f32` rounds `inv_std * weight` and the sum relative
-/// to them, so an output that nearly cancels, or that the ReLU cuts to its small values, is
-/// measured against them (as `dx` against its terms).
+/// The scale a batch norm's `f32` output is rounded at (the largest of each, from the
+/// reference's values): the terms it adds, `weight * x_hat` and `bias` (`f32` rounds
+/// `inv_std * weight` and the sum relative to them), and its change when `x` or the mean moves
+/// by one rounding, `|weight| * inv_std * |x|` (the kernel rounds the mean to `f32` before
+/// `x - mean`). An output that nearly cancels, that the ReLU cuts to its small values, or of a
+/// channel whose values nearly agree (`x_hat` is then their tiny difference times a large
+/// `inv_std`) is measured against these, as `dx` against its terms; in an ordinary channel they
+/// are within a few times the output's own size.
 fn normalised_scale(
     x: &Tensor<Reference, 4>,
     mean: &Tensor<Reference, 1>,
@@ -482,7 +486,7 @@ fn normalised_scale(
         .enumerate()
         .map(|(i, v)| {
             let c = i / (h * w) % channels;
-            (weight[c] * (v - mean[c]) / (var[c] + 1e-5).sqrt()).abs()
+            (weight[c] / (var[c] + 1e-5).sqrt()).abs() * ((v - mean[c]).abs() + v.abs())
         })
         .fold(0.0f64, f64::max);
     largest + values(bias.clone().abs().max())[0]

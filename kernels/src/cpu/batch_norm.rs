@@ -101,14 +101,10 @@ pub fn to_f32(values: &[f64]) -> Vec<f32> {
 
 /// `y = (x - mean) * (inv_std * weight) + bias` per channel, then ReLU'd when `relu` (0 where
 /// `y <= 0`; NaN stays NaN).
-///
-/// The mean is subtracted to `f64`'s precision (see [`Centre`]): where a channel's values nearly
-/// agree, `x - mean` is their small difference scaled up by `inv_std`, and a mean rounded to
-/// `f32` would shift it by up to half an `f32` ulp of the mean.
 pub fn normalise(
     s: &BnShape,
     x: &[f32],
-    mean: &[f64],
+    mean: &[f32],
     inv_std: &[f32],
     weight: &[f32],
     bias: &[f32],
@@ -117,8 +113,7 @@ pub fn normalise(
 ) {
     assert_eq!(x.len(), s.len(), "batch norm: input length");
     assert_eq!(y.len(), s.len(), "batch norm: output length");
-    assert_eq!(mean.len(), s.channels, "batch norm: per-channel length");
-    for v in [inv_std, weight, bias] {
+    for v in [mean, inv_std, weight, bias] {
         assert_eq!(v.len(), s.channels, "batch norm: per-channel length");
     }
     if s.is_empty() {
@@ -130,42 +125,17 @@ pub fn normalise(
         .for_each(|(y, x)| {
             for c in 0..s.channels {
                 let at = c * s.plane..(c + 1) * s.plane;
-                let (m, a, b) = (Centre::new(mean[c]), inv_std[c] * weight[c], bias[c]);
+                let (m, a, b) = (mean[c], inv_std[c] * weight[c], bias[c]);
                 normalise_map(&x[at.clone()], m, a, b, relu, &mut y[at]);
             }
         });
 }
 
-/// A mean as the sum of two `f32`s, `hi` (the mean rounded to `f32`) and `lo` (what that
-/// rounding lost, rounded), so that `(x - hi) - lo` is `x - mean` to about `f64`'s precision for
-/// the `x` near the mean, where it matters: there `x - hi` is exact (Sterbenz), and only the
-/// final subtraction rounds, relative to the result. Costs one subtraction per element.
-#[derive(Clone, Copy, Debug)]
-struct Centre {
-    hi: f32,
-    lo: f32,
-}
-
-impl Centre {
-    fn new(mean: f64) -> Self {
-        let hi = mean as f32;
-        Centre {
-            hi,
-            lo: (mean - f64::from(hi)) as f32,
-        }
-    }
-
-    #[inline(always)]
-    fn of(self, x: f32) -> f32 {
-        (x - self.hi) - self.lo
-    }
-}
-
 /// One map of [`normalise`]: `y = (x - m) * a + b`, ReLU'd when `relu`.
 #[inline(always)]
-fn normalise_map(x: &[f32], m: Centre, a: f32, b: f32, relu: bool, y: &mut [f32]) {
+fn normalise_map(x: &[f32], m: f32, a: f32, b: f32, relu: bool, y: &mut [f32]) {
     for (y, &x) in y.iter_mut().zip(x) {
-        let v = m.of(x) * a + b;
+        let v = (x - m) * a + b;
         // As `relu_in_place` and PyTorch's ReLU: NaN passes (`max` would drop it).
         *y = if relu && v <= 0.0 { 0.0 } else { v };
     }
@@ -241,7 +211,7 @@ impl BnPoolShape {
 pub fn normalise_relu_pool(
     s: &BnPoolShape,
     x: &[f32],
-    mean: &[f64],
+    mean: &[f32],
     inv_std: &[f32],
     weight: &[f32],
     bias: &[f32],
@@ -256,8 +226,7 @@ pub fn normalise_relu_pool(
         assert_eq!(v.len(), s.out_len(), "batch norm + pool: output length");
     }
     assert_eq!(argmax.len(), s.out_len(), "batch norm + pool: argmax length");
-    assert_eq!(mean.len(), s.channels, "batch norm + pool: per-channel length");
-    for v in [inv_std, weight, bias] {
+    for v in [mean, inv_std, weight, bias] {
         assert_eq!(v.len(), s.channels, "batch norm + pool: per-channel length");
     }
     assert!(plane <= u32::MAX as usize, "batch norm + pool: plane too large");
@@ -275,7 +244,7 @@ pub fn normalise_relu_pool(
                 let x = &x[c * plane..][..plane];
                 let at = c * pooled..(c + 1) * pooled;
                 let (out, argmax, x_at) = (&mut out[at.clone()], &mut argmax[at.clone()], &mut x_at[at]);
-                let (m, a, b) = (Centre::new(mean[c]), inv_std[c] * weight[c], bias[c]);
+                let (m, a, b) = (mean[c], inv_std[c] * weight[c], bias[c]);
                 normalise_map(x, m, a, b, true, &mut y);
                 pool_2x2(s.in_w, &y, out, argmax, s.out_w());
                 for (v, &i) in x_at.iter_mut().zip(&*argmax) {
@@ -599,16 +568,7 @@ mod tests {
         let x = [f32::NAN, -1.0, 2.0, 1.0, 1.0, 1.0];
         let inv = [1.0f32, f32::NAN];
         let mut y = [9.0f32; 6];
-        normalise(
-            &s,
-            &x,
-            &[0.0f64, 0.0],
-            &inv,
-            &[1.0, 1.0],
-            &[0.0, 0.0],
-            true,
-            &mut y,
-        );
+        normalise(&s, &x, &[0.0, 0.0], &inv, &[1.0, 1.0], &[0.0, 0.0], true, &mut y);
         assert!(y[0].is_nan(), "{y:?}");
         assert_eq!(y[1..3], [0.0, 2.0]);
         assert!(y[3..].iter().all(|v| v.is_nan()), "{y:?}");
@@ -632,13 +592,13 @@ mod tests {
                 let (mean, var) = batch_stats(&s, x);
                 let inv = to_f32(&inv_std(&var, 1e-5));
                 let mut y = vec![0.0; s.len()];
-                normalise(&s, x, &mean, &inv, w, b, relu, &mut y);
+                normalise(&s, x, &to_f32(&mean), &inv, w, b, relu, &mut y);
                 y.iter().zip(&r).map(|(a, b)| f64::from(a * b)).sum()
             };
             let (mean, var) = batch_stats(&s, &x);
             let inv = inv_std(&var, 1e-5);
             let mut y = vec![0.0; s.len()];
-            normalise(&s, &x, &mean, &to_f32(&inv), &w, &b, relu, &mut y);
+            normalise(&s, &x, &to_f32(&mean), &to_f32(&inv), &w, &b, relu, &mut y);
             let (mut dx, mut dw, mut db) = (vec![0.0; s.len()], vec![0.0; 2], vec![0.0; 2]);
             let relu_out = relu.then_some(&y[..]);
             batch_norm_backward(
@@ -726,10 +686,10 @@ mod tests {
                 .unzip();
             let (mean, var) = batch_stats(&bn, &x);
             let inv = inv_std(&var, 1e-5);
-            let inv32 = to_f32(&inv);
+            let (mean32, inv32) = (to_f32(&mean), to_f32(&inv));
 
             let mut y = vec![0.0; bn.len()];
-            normalise(&bn, &x, &mean, &inv32, &w, &b, true, &mut y);
+            normalise(&bn, &x, &mean32, &inv32, &w, &b, true, &mut y);
             let (mut z1, mut a1) = (vec![0.0; s.out_len()], vec![0u32; s.out_len()]);
             max_pool2d_forward(&s.pool(), &y, &mut z1, &mut a1);
             let (mut z2, mut a2, mut x_at) = (
@@ -737,7 +697,7 @@ mod tests {
                 vec![0u32; s.out_len()],
                 vec![0.0; s.out_len()],
             );
-            normalise_relu_pool(&s, &x, &mean, &inv32, &w, &b, &mut z2, &mut a2, &mut x_at);
+            normalise_relu_pool(&s, &x, &mean32, &inv32, &w, &b, &mut z2, &mut a2, &mut x_at);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&z1), bits(&z2), "{s:?}: pooled values");
             assert_eq!(a1, a2, "{s:?}: argmax");
