@@ -11,6 +11,7 @@ use super::lane_sum;
 use super::pool::pool_2x2;
 #[cfg(test)]
 use super::pool::PoolShape;
+use super::simd::wide;
 
 /// `batch` images of `channels` maps of `plane` (height x width) elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,9 +55,25 @@ fn per_map<T: Send>(s: &BnShape, x: &[f32], f: impl Fn(&[f32]) -> T + Sync) -> V
     }
     let per_image: Vec<Vec<T>> = x
         .par_chunks(image)
-        .map(|x| x.chunks_exact(s.plane).map(&f).collect())
+        .map(|x| {
+            wide(
+                #[inline(always)]
+                || each(s.channels, |c| f(&x[c * s.plane..][..s.plane])),
+            )
+        })
         .collect();
     per_image.into_iter().flatten().collect()
+}
+
+/// `[f(0), .., f(n - 1)]` by a plain loop that inlines into its caller: `collect` was a call
+/// out of [`wide`]'s AVX-512 function, so the closures it ran were compiled for the baseline.
+#[inline(always)]
+fn each<T>(n: usize, mut f: impl FnMut(usize) -> T) -> Vec<T> {
+    let mut v = Vec::with_capacity(n);
+    for i in 0..n {
+        v.push(f(i));
+    }
+    v
 }
 
 /// `(mean, biased variance)` of each channel of `x`, in `f64`.
@@ -68,10 +85,15 @@ fn per_map<T: Send>(s: &BnShape, x: &[f32], f: impl Fn(&[f32]) -> T + Sync) -> V
 pub fn batch_stats(s: &BnShape, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
     assert_eq!(x.len(), s.len(), "batch norm: input length");
     let plane = s.plane as f64;
-    let maps = per_map(s, x, |m| {
-        let mean = lane_sum(m, |v| v) / plane;
-        (mean, lane_sum(m, |v| (v - mean) * (v - mean)))
-    });
+    let maps = per_map(
+        s,
+        x,
+        #[inline(always)]
+        |m| {
+            let mean = lane_sum(m, |v| v) / plane;
+            (mean, lane_sum(m, |v| (v - mean) * (v - mean)))
+        },
+    );
     let (mut means, mut vars) = (vec![0.0; s.channels], vec![0.0; s.channels]);
     for c in 0..s.channels {
         let (mut n, mut mean, mut m2) = (0.0f64, 0.0f64, 0.0f64);
@@ -123,11 +145,16 @@ pub fn normalise(
     y.par_chunks_mut(image)
         .zip(x.par_chunks(image))
         .for_each(|(y, x)| {
-            for c in 0..s.channels {
-                let at = c * s.plane..(c + 1) * s.plane;
-                let (m, a, b) = (mean[c], inv_std[c] * weight[c], bias[c]);
-                normalise_map(&x[at.clone()], m, a, b, relu, &mut y[at]);
-            }
+            wide(
+                #[inline(always)]
+                || {
+                    for c in 0..s.channels {
+                        let at = c * s.plane..(c + 1) * s.plane;
+                        let (m, a, b) = (mean[c], inv_std[c] * weight[c], bias[c]);
+                        normalise_map(&x[at.clone()], m, a, b, relu, &mut y[at]);
+                    }
+                },
+            )
         });
 }
 
@@ -239,19 +266,40 @@ pub fn normalise_relu_pool(
                 .zip(x_at.par_chunks_mut(out_image)),
         )
         .for_each(|((x, out), (argmax, x_at))| {
-            let mut y = vec![0.0f32; plane];
-            for c in 0..s.channels {
-                let x = &x[c * plane..][..plane];
-                let at = c * pooled..(c + 1) * pooled;
-                let (out, argmax, x_at) = (&mut out[at.clone()], &mut argmax[at.clone()], &mut x_at[at]);
-                let (m, a, b) = (mean[c], inv_std[c] * weight[c], bias[c]);
-                normalise_map(x, m, a, b, true, &mut y);
-                pool_2x2(s.in_w, &y, out, argmax, s.out_w());
-                for (v, &i) in x_at.iter_mut().zip(&*argmax) {
-                    *v = x[i as usize];
-                }
-            }
+            wide(
+                #[inline(always)]
+                || normalise_relu_pool_image(s, x, mean, inv_std, weight, bias, out, argmax, x_at),
+            )
         });
+}
+
+/// One image of [`normalise_relu_pool`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn normalise_relu_pool_image(
+    s: &BnPoolShape,
+    x: &[f32],
+    mean: &[f32],
+    inv_std: &[f32],
+    weight: &[f32],
+    bias: &[f32],
+    out: &mut [f32],
+    argmax: &mut [u32],
+    x_at: &mut [f32],
+) {
+    let (plane, pooled) = (s.in_h * s.in_w, s.out_plane());
+    let mut y = vec![0.0f32; plane];
+    for c in 0..s.channels {
+        let x = &x[c * plane..][..plane];
+        let at = c * pooled..(c + 1) * pooled;
+        let (out, argmax, x_at) = (&mut out[at.clone()], &mut argmax[at.clone()], &mut x_at[at]);
+        let (m, a, b) = (mean[c], inv_std[c] * weight[c], bias[c]);
+        normalise_map(x, m, a, b, true, &mut y);
+        pool_2x2(s.in_w, &y, out, argmax, s.out_w());
+        for (v, &i) in x_at.iter_mut().zip(&*argmax) {
+            *v = x[i as usize];
+        }
+    }
 }
 
 /// Gradients of [`normalise_relu_pool`] with the batch's own statistics (training mode), given
@@ -307,20 +355,27 @@ pub fn batch_norm_relu_pool_backward(
         .par_chunks(out_image)
         .zip(z.par_chunks(out_image).zip(x_at.par_chunks(out_image)))
         .map(|(dz, (z, x_at))| {
-            (0..s.channels)
-                .map(|c| {
-                    let at = c * pooled..(c + 1) * pooled;
-                    let (dz, z, x_at) = (&dz[at.clone()], &z[at.clone()], &x_at[at]);
-                    let m = mean[c];
-                    let (mut sum, mut dot) = ([0.0f64; LANES], [0.0f64; LANES]);
-                    for (k, ((&d, &y), &v)) in dz.iter().zip(z).zip(x_at).enumerate() {
-                        let g = gate(d, y);
-                        sum[k % LANES] += g;
-                        dot[k % LANES] += g * (f64::from(v) - m);
-                    }
-                    (sum.iter().sum::<f64>(), dot.iter().sum::<f64>())
-                })
-                .collect()
+            wide(
+                #[inline(always)]
+                || {
+                    each(
+                        s.channels,
+                        #[inline(always)]
+                        |c| {
+                            let at = c * pooled..(c + 1) * pooled;
+                            let (dz, z, x_at) = (&dz[at.clone()], &z[at.clone()], &x_at[at]);
+                            let m = mean[c];
+                            let (mut sum, mut dot) = ([0.0f64; LANES], [0.0f64; LANES]);
+                            for (k, ((&d, &y), &v)) in dz.iter().zip(z).zip(x_at).enumerate() {
+                                let g = gate(d, y);
+                                sum[k % LANES] += g;
+                                dot[k % LANES] += g * (f64::from(v) - m);
+                            }
+                            (sum.iter().sum::<f64>(), dot.iter().sum::<f64>())
+                        },
+                    )
+                },
+            )
         })
         .collect();
     if let Some(db) = &dbias {
@@ -354,20 +409,25 @@ pub fn batch_norm_relu_pool_backward(
                 .zip(z.par_chunks(out_image).zip(argmax.par_chunks(out_image))),
         )
         .for_each(|((dx, x), (dz, (z, argmax)))| {
-            for (c, rule) in rules.iter().enumerate() {
-                let (dx, x) = (&mut dx[c * plane..][..plane], &x[c * plane..][..plane]);
-                // `batch_norm_backward`'s formula with g = 0 ...
-                for (d, &x) in dx.iter_mut().zip(x) {
-                    *d = rule.dx(0.0, x);
-                }
-                // ... then at each window's maximum with its own g.
-                let at = c * pooled..(c + 1) * pooled;
-                for ((&d, &y), &i) in dz[at.clone()].iter().zip(&z[at.clone()]).zip(&argmax[at]) {
-                    let g = gate(d, y);
-                    let i = i as usize;
-                    dx[i] = rule.dx(g, x[i]);
-                }
-            }
+            wide(
+                #[inline(always)]
+                || {
+                    for (c, rule) in rules.iter().enumerate() {
+                        let (dx, x) = (&mut dx[c * plane..][..plane], &x[c * plane..][..plane]);
+                        // `batch_norm_backward`'s formula with g = 0 ...
+                        for (d, &x) in dx.iter_mut().zip(x) {
+                            *d = rule.dx(0.0, x);
+                        }
+                        // ... then at each window's maximum with its own g.
+                        let at = c * pooled..(c + 1) * pooled;
+                        for ((&d, &y), &i) in dz[at.clone()].iter().zip(&z[at.clone()]).zip(&argmax[at]) {
+                            let g = gate(d, y);
+                            let i = i as usize;
+                            dx[i] = rule.dx(g, x[i]);
+                        }
+                    }
+                },
+            )
         });
 }
 
@@ -479,32 +539,39 @@ pub fn batch_norm_backward(
             .par_chunks(image)
             .zip(dy.par_chunks(image).zip(y.par_chunks(image)))
             .map(|(x, (dy, y))| {
-                (0..s.channels)
-                    .map(|c| {
-                        let at = c * s.plane..(c + 1) * s.plane;
-                        let (x, dy, y) = (&x[at.clone()], &dy[at.clone()], &y[at]);
-                        let m = mean[c];
-                        let (mut sum, mut dot) = ([0.0f64; LANES], [0.0f64; LANES]);
-                        let mut k = 0;
-                        while k + LANES <= x.len() {
-                            for l in 0..LANES {
-                                let d = f64::from(dy[k + l]);
-                                let g = if relu { gate(d, f64::from(y[k + l])) } else { d };
-                                sum[l] += g;
-                                dot[l] += g * (f64::from(x[k + l]) - m);
-                            }
-                            k += LANES;
-                        }
-                        let (mut sum_r, mut dot_r) = (0.0, 0.0);
-                        for k in k..x.len() {
-                            let d = f64::from(dy[k]);
-                            let g = if relu { gate(d, f64::from(y[k])) } else { d };
-                            sum_r += g;
-                            dot_r += g * (f64::from(x[k]) - m);
-                        }
-                        (sum.iter().sum::<f64>() + sum_r, dot.iter().sum::<f64>() + dot_r)
-                    })
-                    .collect()
+                wide(
+                    #[inline(always)]
+                    || {
+                        each(
+                            s.channels,
+                            #[inline(always)]
+                            |c| {
+                                let at = c * s.plane..(c + 1) * s.plane;
+                                let (x, dy, y) = (&x[at.clone()], &dy[at.clone()], &y[at]);
+                                let m = mean[c];
+                                let (mut sum, mut dot) = ([0.0f64; LANES], [0.0f64; LANES]);
+                                let mut k = 0;
+                                while k + LANES <= x.len() {
+                                    for l in 0..LANES {
+                                        let d = f64::from(dy[k + l]);
+                                        let g = if relu { gate(d, f64::from(y[k + l])) } else { d };
+                                        sum[l] += g;
+                                        dot[l] += g * (f64::from(x[k + l]) - m);
+                                    }
+                                    k += LANES;
+                                }
+                                let (mut sum_r, mut dot_r) = (0.0, 0.0);
+                                for k in k..x.len() {
+                                    let d = f64::from(dy[k]);
+                                    let g = if relu { gate(d, f64::from(y[k])) } else { d };
+                                    sum_r += g;
+                                    dot_r += g * (f64::from(x[k]) - m);
+                                }
+                                (sum.iter().sum::<f64>() + sum_r, dot.iter().sum::<f64>() + dot_r)
+                            },
+                        )
+                    },
+                )
             })
             .collect();
         per_image.into_iter().flatten().collect()
@@ -530,19 +597,24 @@ pub fn batch_norm_backward(
                 .zip(dy.par_chunks(image).zip(y.par_chunks(image))),
         )
         .for_each(|(dx, (x, (dy, y)))| {
-            for (c, rule) in rules.iter().enumerate() {
-                let at = c * s.plane..(c + 1) * s.plane;
-                for (((d, &x), &dy), &y) in dx[at.clone()]
-                    .iter_mut()
-                    .zip(&x[at.clone()])
-                    .zip(&dy[at.clone()])
-                    .zip(&y[at])
-                {
-                    let dy = f64::from(dy);
-                    let g = if relu { gate(dy, f64::from(y)) } else { dy };
-                    *d = rule.dx(g, x);
-                }
-            }
+            wide(
+                #[inline(always)]
+                || {
+                    for (c, rule) in rules.iter().enumerate() {
+                        let at = c * s.plane..(c + 1) * s.plane;
+                        for (((d, &x), &dy), &y) in dx[at.clone()]
+                            .iter_mut()
+                            .zip(&x[at.clone()])
+                            .zip(&dy[at.clone()])
+                            .zip(&y[at])
+                        {
+                            let dy = f64::from(dy);
+                            let g = if relu { gate(dy, f64::from(y)) } else { dy };
+                            *d = rule.dx(g, x);
+                        }
+                    }
+                },
+            )
         });
 }
 

@@ -33,6 +33,26 @@ pub(crate) fn avx512() -> bool {
     Avx512::detect().is_some()
 }
 
+/// Runs `f` inside a function compiled for AVX-512F when [`avx512`] holds, else as it is. Given
+/// an `#[inline(always)]` closure, its loops are vectorised there 8 `f64`s or 16 `f32`s wide
+/// instead of the x86-64 baseline's 2 or 4 (batch norm's `f64` passes ran on SSE2's two lanes:
+/// 7% of a ResNet-20 step). The same operations in the same order either way (the compiler
+/// neither contracts them into FMAs nor reassociates them), so the results are bit-identical.
+#[inline(always)]
+pub(crate) fn wide<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        #[target_feature(enable = "avx512f")]
+        fn run<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        // SAFETY: calling a function compiled for AVX-512F needs a CPU that runs it, which
+        // `avx512` checked.
+        return unsafe { run(f) };
+    }
+    f()
+}
+
 /// Proof that this CPU runs AVX-512F: only [`Avx512::detect`] makes one (the field is private
 /// to this module), after std's run-time detection. Functions that take one may run AVX-512F
 /// instructions, so their safe signatures cannot be misused: without the CPU there is no
