@@ -17,8 +17,8 @@ use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 
 use crate::cpu;
 use crate::cpu::batch_norm::{
-    batch_norm_backward, batch_norm_relu_pool_backward, batch_stats, inv_std, normalise, normalise_relu_pool,
-    to_f32, BnPoolShape, BnShape,
+    batch_norm_backward, batch_norm_relu_pool_backward, batch_stats, inv_std, normalise, normalise_add_relu,
+    normalise_relu_pool, to_f32, BnPoolShape, BnShape,
 };
 use crate::cpu::conv::{conv2d_backward, conv2d_forward, ConvShape};
 use crate::cpu::dropout::{dropout_backward, dropout_forward, DropoutMask};
@@ -480,27 +480,64 @@ impl Backward<Flex, 3> for BatchNormBackward {
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_x, node_w, node_b] = ops.parents;
         let dy = contiguous(grads.consume::<Flex>(&ops.node));
-        let s = ops.state;
-        let sh = s.shape;
-        let mut dx = node_x.as_ref().map(|_| cpu::zeroed::<f32>(sh.len()));
-        let mut dw = node_w.as_ref().map(|_| vec![0.0; sh.channels]);
-        let mut db = node_b.as_ref().map(|_| vec![0.0; sh.channels]);
-        batch_norm_backward(
-            &sh,
-            f32s(&s.x),
-            &s.mean,
-            &s.inv_std,
-            f32s(&s.weight),
-            f32s(&dy),
-            s.relu_out.as_ref().map(f32s),
-            dx.as_deref_mut(),
-            dw.as_deref_mut(),
-            db.as_deref_mut(),
-        );
-        register(grads, node_x.map(|n| n.id), dx, s.dims);
-        register(grads, node_w.map(|n| n.id), dw, [sh.channels]);
-        register(grads, node_b.map(|n| n.id), db, [sh.channels]);
+        let ids = [node_x, node_w, node_b].map(|n| n.map(|n| n.id));
+        batch_norm_grads(ops.state, &dy, ids, grads);
     }
+}
+
+/// [`batch_norm_add_relu_train`]'s backward: batch norm's, gated by the ReLU on the sum's
+/// output, and the residual's gradient, `dy` where that output is positive.
+#[derive(Debug)]
+struct BatchNormAddBackward;
+
+impl Backward<Flex, 4> for BatchNormAddBackward {
+    type State = BnState;
+
+    fn backward(self, ops: Ops<Self::State, 4>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_w, node_b, node_r] = ops.parents;
+        let dy = contiguous(grads.consume::<Flex>(&ops.node));
+        if let Some(node) = node_r {
+            let y = ops
+                .state
+                .relu_out
+                .as_ref()
+                .expect("the fused op keeps its output");
+            let mut dr = cpu::zeroed::<f32>(ops.state.shape.len());
+            cpu::relu_mask(f32s(&dy), f32s(y), &mut dr);
+            register(grads, Some(node.id), Some(dr), ops.state.dims);
+        }
+        let ids = [node_x, node_w, node_b].map(|n| n.map(|n| n.id));
+        batch_norm_grads(ops.state, &dy, ids, grads);
+    }
+}
+
+/// Batch norm's gradients from `dy` (gated by `relu_out` when kept) for the parents that want
+/// them: input, weight, bias.
+fn batch_norm_grads(
+    s: BnState,
+    dy: &FlexTensor,
+    [node_x, node_w, node_b]: [Option<NodeId>; 3],
+    grads: &mut Gradients,
+) {
+    let sh = s.shape;
+    let mut dx = node_x.as_ref().map(|_| cpu::zeroed::<f32>(sh.len()));
+    let mut dw = node_w.as_ref().map(|_| vec![0.0; sh.channels]);
+    let mut db = node_b.as_ref().map(|_| vec![0.0; sh.channels]);
+    batch_norm_backward(
+        &sh,
+        f32s(&s.x),
+        &s.mean,
+        &s.inv_std,
+        f32s(&s.weight),
+        f32s(dy),
+        s.relu_out.as_ref().map(f32s),
+        dx.as_deref_mut(),
+        dw.as_deref_mut(),
+        db.as_deref_mut(),
+    );
+    register(grads, node_x, dx, s.dims);
+    register(grads, node_w, dw, [sh.channels]);
+    register(grads, node_b, db, [sh.channels]);
 }
 
 /// Batch norm in training mode on backend `B` (flex or autodiff flex): the output and the
@@ -568,6 +605,67 @@ pub(crate) fn batch_norm_train<B: Backend>(
                 inv_std: inv,
                 weight: wp,
                 relu_out: relu.then(|| y.clone()),
+                shape,
+                dims,
+            },
+            y,
+        ),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    (
+        back::<B, 4>(tensor::<Ad, 4>(y)),
+        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(mean_t))),
+        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(var_t))),
+    )
+}
+
+/// `relu(batch norm (training mode) of x + residual)` on backend `B` (autodiff flex): one pass
+/// forward and one backward where burn would run three ops each way. The output and the
+/// batch's mean and biased variance (untracked).
+pub(crate) fn batch_norm_add_relu_train<B: Backend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    residual: Tensor<B, 4>,
+    shape: BnShape,
+    eps: f64,
+) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    let dims = x.dims();
+    let (x, w, b, r) = (ad_prim(x), ad_prim(weight), ad_prim(bias), ad_prim(residual));
+    let (xp, wp, bp, rp) = (
+        contiguous(x.primitive),
+        contiguous(w.primitive),
+        contiguous(b.primitive),
+        contiguous(r.primitive),
+    );
+    let (mean, var) = batch_stats(&shape, f32s(&xp));
+    let inv = inv_std(&var, eps);
+    let mut y = cpu::zeroed::<f32>(shape.len());
+    normalise_add_relu(
+        &shape,
+        f32s(&xp),
+        &to_f32(&mean),
+        &to_f32(&inv),
+        f32s(&wp),
+        f32s(&bp),
+        f32s(&rp),
+        &mut y,
+    );
+    let y = from_vec(y, dims);
+    let c = shape.channels;
+    let (mean_t, var_t) = (from_vec(to_f32(&mean), [c]), from_vec(to_f32(&var), [c]));
+    let y = match BatchNormAddBackward
+        .prepare::<NoCheckpointing>([x.node, w.node, b.node, r.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(
+            BnState {
+                x: xp,
+                mean,
+                inv_std: inv,
+                weight: wp,
+                relu_out: Some(y.clone()),
                 shape,
                 dims,
             },

@@ -371,6 +371,34 @@ pub fn batch_norm2d_train<B: Backend>(
     batch_norm2d_train_stock(x, weight, bias, eps, relu)
 }
 
+/// `relu(batch_norm2d_train(x) + residual)`: the end of a residual block, with the batch
+/// norm's training-mode statistics. On the kernels (autodiff flex) one pass forward and one
+/// backward, with the same values as the three ops (each element rounded as by them);
+/// elsewhere the three ops. Returns the output and the batch's mean and biased variance,
+/// detached, as [`batch_norm2d_train`].
+///
+/// # Shapes
+/// - `x`, `residual`: `[batch, channels, h, w]`; `weight`, `bias`: `[channels]`
+/// - output: `x`'s; mean and variance: `[channels]`
+pub fn batch_norm2d_add_relu_train<B: Backend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    residual: Tensor<B, 4>,
+    eps: f64,
+) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    #[cfg(feature = "flex")]
+    if uses_cpu_kernels::<B>() && !flex::is_flex::<B>() && weight.dtype() == DType::F32 {
+        if let Some(shape) = bn_shape(&x, weight.dims()[0]).filter(|_| residual.dims() == x.dims()) {
+            if residual.dtype() == DType::F32 {
+                return flex::batch_norm_add_relu_train(x, weight, bias, residual, shape, eps);
+            }
+        }
+    }
+    let (y, mean, var) = batch_norm2d_train(x, weight, bias, eps, false);
+    (burn::tensor::activation::relu(y.add(residual)), mean, var)
+}
+
 /// [`batch_norm2d_train`] through burn's own ops.
 pub fn batch_norm2d_train_stock<B: Backend>(
     x: Tensor<B, 4>,

@@ -6,8 +6,8 @@
 use std::process::Command;
 
 use ember_kernels::cpu::batch_norm::{
-    batch_norm_backward, batch_norm_relu_pool_backward, batch_stats, inv_std, normalise, normalise_relu_pool,
-    to_f32,
+    batch_norm_backward, batch_norm_relu_pool_backward, batch_stats, inv_std, normalise, normalise_add_relu,
+    normalise_relu_pool, to_f32,
 };
 use ember_kernels::{BnPoolShape, BnShape};
 
@@ -88,6 +88,19 @@ fn run_all() -> u64 {
             );
             outs.extend([y, dx, dw, db]);
         }
+        let residual = values(s.len(), 6);
+        let mut y = vec![0.0; s.len()];
+        normalise_add_relu(
+            &s,
+            &x,
+            &to_f32(&mean),
+            &to_f32(&inv),
+            &weight,
+            &bias,
+            &residual,
+            &mut y,
+        );
+        outs.push(y);
         let p = BnPoolShape {
             batch,
             channels,

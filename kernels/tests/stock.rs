@@ -576,6 +576,78 @@ proptest! {
     }
 }
 
+/// The fused end of a residual block, `relu(batch_norm(x) + residual)` in training mode,
+/// against burn's stock batch norm, add and ReLU in f64: the output, the statistics and every
+/// gradient, the residual's included.
+fn check_batch_norm_add_relu(batch: usize, channels: usize, h: usize, w: usize, seed: u64) {
+    use burn::tensor::activation::relu;
+    use ember_kernels::{batch_norm2d_add_relu_train, batch_norm2d_train_stock};
+    let dims = [batch, channels, h, w];
+    let (xf, xr) = same_mapped(dims, seed, |v| v * 3.0 + 2.0);
+    let (wf, wr) = same([channels], seed + 1);
+    let (bf, br) = same([channels], seed + 2);
+    let (sf, sr) = same(dims, seed + 3);
+    let (rf, rr) = same(dims, seed + 4);
+    let (yf, mf, vf) = batch_norm2d_add_relu_train(xf.clone(), wf.clone(), bf.clone(), sf.clone(), 1e-5);
+    let (yr, mr, vr) = batch_norm2d_train_stock(xr.clone(), wr.clone(), br.clone(), 1e-5, false);
+    let yr = relu(yr.add(sr.clone()));
+    let what = format!("batch norm + add + relu {batch}x{channels}x{h}x{w}");
+    let terms = normalised_scale(&xr, &mr, &vr, &wr, &br) + values(sr.clone().abs().max())[0];
+    assert_close_at_scale(
+        &format!("{what}: y"),
+        values(yf.clone()),
+        values(yr.clone()),
+        terms,
+    );
+    assert_close(&format!("{what}: mean"), values(mf.clone()), values(mr.clone()));
+    assert_close(&format!("{what}: var"), values(vf.clone()), values(vr.clone()));
+    let gf = yf.mul(rf.detach()).sum().backward();
+    let gr = yr.mul(rr.clone().detach()).sum().backward();
+    let scale = values(wr.clone().abs().max())[0] * values(rr.clone().abs().max())[0]
+        / values(vr.clone().add_scalar(1e-5).sqrt().min())[0];
+    assert_close_at_scale(
+        &format!("{what}: dx"),
+        values(xf.grad(&gf).unwrap()),
+        values(xr.grad(&gr).unwrap()),
+        scale,
+    );
+    assert_close(
+        &format!("{what}: dweight"),
+        values(wf.grad(&gf).unwrap()),
+        values(wr.grad(&gr).unwrap()),
+    );
+    assert_close(
+        &format!("{what}: dbias"),
+        values(bf.grad(&gf).unwrap()),
+        values(br.grad(&gr).unwrap()),
+    );
+    assert_close(
+        &format!("{what}: dresidual"),
+        values(sf.grad(&gf).unwrap()),
+        values(sr.grad(&gr).unwrap()),
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn batch_norm_add_relu_matches_burn(
+        batch in 1usize..5, channels in 1usize..5, h in 1usize..7, w in 1usize..7,
+        seed in 0u64..1000,
+    ) {
+        prop_assume!(batch * h * w > 1);
+        check_batch_norm_add_relu(batch, channels, h, w, seed);
+    }
+}
+
+/// ResNet-20's block ends at its three stages' shapes (a few images).
+#[test]
+fn batch_norm_add_relu_at_resnet_shapes_matches_burn() {
+    for (i, (channels, size)) in [(16, 28), (32, 14), (64, 7)].into_iter().enumerate() {
+        check_batch_norm_add_relu(2, channels, size, size, i as u64);
+    }
+}
+
 /// The fused batch norm + ReLU + 2x2 pool (training and inference) against burn's stock batch
 /// norm, ReLU and max pool in f64: the pooled output, the statistics and every gradient.
 fn check_batch_norm_pool(batch: usize, channels: usize, h: usize, w: usize, seed: u64) {

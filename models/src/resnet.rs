@@ -12,7 +12,6 @@ use burn::config::Config;
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
 use burn::nn::{Linear, LinearConfig, PaddingConfig2d};
-use burn::tensor::activation::relu;
 use burn::tensor::{backend::Backend, Tensor};
 
 use ember_kernels::nn;
@@ -70,12 +69,12 @@ impl<B: Backend> BasicBlock<B> {
     /// - output: `[batch, cout, ceil(h / stride), ceil(w / stride)]`
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let out = self.bn1.forward_relu(nn::conv2d(&self.conv1, x.clone()));
-        let out = self.bn2.forward(nn::conv2d(&self.conv2, out));
+        let out = nn::conv2d(&self.conv2, out);
         let identity = match &self.shortcut {
             Some(p) => p.bn.forward(nn::conv2d(&p.conv, x)),
             None => x,
         };
-        relu(out.add(identity))
+        self.bn2.forward_add_relu(out, identity)
     }
 }
 

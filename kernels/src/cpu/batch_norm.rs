@@ -123,6 +123,7 @@ pub fn to_f32(values: &[f64]) -> Vec<f32> {
 
 /// `y = (x - mean) * (inv_std * weight) + bias` per channel, then ReLU'd when `relu` (0 where
 /// `y <= 0`; NaN stays NaN).
+#[allow(clippy::too_many_arguments)]
 pub fn normalise(
     s: &BnShape,
     x: &[f32],
@@ -130,6 +131,43 @@ pub fn normalise(
     inv_std: &[f32],
     weight: &[f32],
     bias: &[f32],
+    relu: bool,
+    y: &mut [f32],
+) {
+    normalise_with(s, x, mean, inv_std, weight, bias, None, relu, y)
+}
+
+/// `y = relu((x - mean) * (inv_std * weight) + bias + residual)`: a residual block's end
+/// (batch norm, the shortcut's add, the ReLU) in one pass. Each element is rounded as by the
+/// three separate ops ([`normalise`], then an `f32` add, then the ReLU), so the values are the
+/// same bits.
+///
+/// # Shapes
+/// `x`, `residual`, `y`: `[batch, channels, h, w]` (`s`); the others `[channels]`
+#[allow(clippy::too_many_arguments)]
+pub fn normalise_add_relu(
+    s: &BnShape,
+    x: &[f32],
+    mean: &[f32],
+    inv_std: &[f32],
+    weight: &[f32],
+    bias: &[f32],
+    residual: &[f32],
+    y: &mut [f32],
+) {
+    assert_eq!(residual.len(), s.len(), "batch norm: residual length");
+    normalise_with(s, x, mean, inv_std, weight, bias, Some(residual), true, y)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn normalise_with(
+    s: &BnShape,
+    x: &[f32],
+    mean: &[f32],
+    inv_std: &[f32],
+    weight: &[f32],
+    bias: &[f32],
+    residual: Option<&[f32]>,
     relu: bool,
     y: &mut [f32],
 ) {
@@ -142,16 +180,27 @@ pub fn normalise(
         return;
     }
     let image = s.channels * s.plane;
+    // The residual's images beside the others (none: an empty slice per image).
+    let residual: Vec<&[f32]> = match residual {
+        Some(r) => r.chunks(image).collect(),
+        None => vec![&[][..]; s.batch],
+    };
     y.par_chunks_mut(image)
         .zip(x.par_chunks(image))
-        .for_each(|(y, x)| {
+        .zip(residual.par_iter())
+        .for_each(|((y, x), r)| {
             wide(
                 #[inline(always)]
                 || {
                     for c in 0..s.channels {
                         let at = c * s.plane..(c + 1) * s.plane;
                         let (m, a, b) = (mean[c], inv_std[c] * weight[c], bias[c]);
-                        normalise_map(&x[at.clone()], m, a, b, relu, &mut y[at]);
+                        let (x, y) = (&x[at.clone()], &mut y[at.clone()]);
+                        if r.is_empty() {
+                            normalise_map(x, m, a, b, relu, y);
+                        } else {
+                            normalise_add_map(x, m, a, b, &r[at], relu, y);
+                        }
                     }
                 },
             )
@@ -164,6 +213,15 @@ fn normalise_map(x: &[f32], m: f32, a: f32, b: f32, relu: bool, y: &mut [f32]) {
     for (y, &x) in y.iter_mut().zip(x) {
         let v = (x - m) * a + b;
         // As `relu_in_place` and PyTorch's ReLU: NaN passes (`max` would drop it).
+        *y = if relu && v <= 0.0 { 0.0 } else { v };
+    }
+}
+
+/// One map of [`normalise_add_relu`]: `y = ((x - m) * a + b) + r`, ReLU'd when `relu`.
+#[inline(always)]
+fn normalise_add_map(x: &[f32], m: f32, a: f32, b: f32, r: &[f32], relu: bool, y: &mut [f32]) {
+    for ((y, &x), &r) in y.iter_mut().zip(x).zip(r) {
+        let v = ((x - m) * a + b) + r;
         *y = if relu && v <= 0.0 { 0.0 } else { v };
     }
 }
