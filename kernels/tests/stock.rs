@@ -498,6 +498,42 @@ fn as_stored(t: &Tensor<Fast, 1>) -> Tensor<burn::backend::NdArray<f64>, 1> {
     Tensor::from_data(t.clone().into_data().convert::<f64>(), &Default::default())
 }
 
+/// A batch norm's input, weight and bias gradients against the reference's, as `grad` returns
+/// them (`[batch, channels, h, w]`, `[channels]`, `[channels]`): dx is a
+/// difference of terms of the size of weight * dy / std (`r` the loss weights, `var` the
+/// reference's batch variance); with a few elements per channel it nearly cancels, so it is
+/// measured against that size; the others as usual.
+/// A batch norm's gradients (input, weight, bias) on backend `B`.
+type Grads<B> = (Option<Tensor<B, 4>>, Option<Tensor<B, 1>>, Option<Tensor<B, 1>>);
+
+fn assert_batch_norm_grads(
+    what: &str,
+    (dx, dweight, dbias): Grads<Flex>,
+    (dx_ref, dweight_ref, dbias_ref): Grads<NdArray<f64>>,
+    weight: &Tensor<Reference, 1>,
+    r: &Tensor<Reference, 4>,
+    var: &Tensor<Reference, 1>,
+) {
+    let scale = values(weight.clone().abs().max())[0] * values(r.clone().abs().max())[0]
+        / values(var.clone().add_scalar(1e-5).sqrt().min())[0];
+    assert_close_at_scale(
+        &format!("{what}: dx"),
+        values(dx.unwrap()),
+        values(dx_ref.unwrap()),
+        scale,
+    );
+    assert_close(
+        &format!("{what}: dweight"),
+        values(dweight.unwrap()),
+        values(dweight_ref.unwrap()),
+    );
+    assert_close(
+        &format!("{what}: dbias"),
+        values(dbias.unwrap()),
+        values(dbias_ref.unwrap()),
+    );
+}
+
 /// Batch norm in training mode (with and without the fused ReLU) and in inference: the output,
 /// the batch statistics and every gradient against burn's stock ops in f64. The loss weights
 /// each output element differently, so that the gradients do not vanish by symmetry.
@@ -522,26 +558,9 @@ fn check_batch_norm(batch: usize, channels: usize, h: usize, w: usize, relu: boo
     assert_close(&format!("{what}: var"), values(vf.clone()), values(vr.clone()));
     let gf = yf.mul(rf.detach()).sum().backward();
     let gr = yr.mul(rr.clone().detach()).sum().backward();
-    // dx is a difference of terms of the size of weight * dy / std; with a few elements per
-    // channel it nearly cancels, so it is measured against that size.
-    let scale = values(wr.clone().abs().max())[0] * values(rr.clone().abs().max())[0]
-        / values(vr.clone().add_scalar(1e-5).sqrt().min())[0];
-    assert_close_at_scale(
-        &format!("{what}: dx"),
-        values(xf.grad(&gf).unwrap()),
-        values(xr.grad(&gr).unwrap()),
-        scale,
-    );
-    assert_close(
-        &format!("{what}: dweight"),
-        values(wf.grad(&gf).unwrap()),
-        values(wr.grad(&gr).unwrap()),
-    );
-    assert_close(
-        &format!("{what}: dbias"),
-        values(bf.grad(&gf).unwrap()),
-        values(br.grad(&gr).unwrap()),
-    );
+    let fast = (xf.grad(&gf), wf.grad(&gf), bf.grad(&gf));
+    let reference = (xr.grad(&gr), wr.grad(&gr), br.grad(&gr));
+    assert_batch_norm_grads(&what, fast, reference, &wr, &rr, &vr);
     // Inference with those statistics, on the inner backends.
     let yf = batch_norm2d_eval(
         xf.inner(),
@@ -603,24 +622,9 @@ fn check_batch_norm_add_relu(batch: usize, channels: usize, h: usize, w: usize, 
     assert_close(&format!("{what}: var"), values(vf.clone()), values(vr.clone()));
     let gf = yf.mul(rf.detach()).sum().backward();
     let gr = yr.mul(rr.clone().detach()).sum().backward();
-    let scale = values(wr.clone().abs().max())[0] * values(rr.clone().abs().max())[0]
-        / values(vr.clone().add_scalar(1e-5).sqrt().min())[0];
-    assert_close_at_scale(
-        &format!("{what}: dx"),
-        values(xf.grad(&gf).unwrap()),
-        values(xr.grad(&gr).unwrap()),
-        scale,
-    );
-    assert_close(
-        &format!("{what}: dweight"),
-        values(wf.grad(&gf).unwrap()),
-        values(wr.grad(&gr).unwrap()),
-    );
-    assert_close(
-        &format!("{what}: dbias"),
-        values(bf.grad(&gf).unwrap()),
-        values(br.grad(&gr).unwrap()),
-    );
+    let fast = (xf.grad(&gf), wf.grad(&gf), bf.grad(&gf));
+    let reference = (xr.grad(&gr), wr.grad(&gr), br.grad(&gr));
+    assert_batch_norm_grads(&what, fast, reference, &wr, &rr, &vr);
     assert_close(
         &format!("{what}: dresidual"),
         values(sf.grad(&gf).unwrap()),
@@ -674,24 +678,9 @@ fn check_batch_norm_pool(batch: usize, channels: usize, h: usize, w: usize, seed
     assert_close(&format!("{what}: var"), values(vf.clone()), values(vr.clone()));
     let gf = zf.mul(rf.detach()).sum().backward();
     let gr = zr.mul(rr.clone().detach()).sum().backward();
-    let scale = values(wr.clone().abs().max())[0] * values(rr.clone().abs().max())[0]
-        / values(vr.clone().add_scalar(1e-5).sqrt().min())[0];
-    assert_close_at_scale(
-        &format!("{what}: dx"),
-        values(xf.grad(&gf).unwrap()),
-        values(xr.grad(&gr).unwrap()),
-        scale,
-    );
-    assert_close(
-        &format!("{what}: dweight"),
-        values(wf.grad(&gf).unwrap()),
-        values(wr.grad(&gr).unwrap()),
-    );
-    assert_close(
-        &format!("{what}: dbias"),
-        values(bf.grad(&gf).unwrap()),
-        values(br.grad(&gr).unwrap()),
-    );
+    let fast = (xf.grad(&gf), wf.grad(&gf), bf.grad(&gf));
+    let reference = (xr.grad(&gr), wr.grad(&gr), br.grad(&gr));
+    assert_batch_norm_grads(&what, fast, reference, &wr, &rr, &vr);
     let zf = batch_norm2d_relu_pool2_eval(
         xf.inner(),
         mf.clone().inner(),
