@@ -63,6 +63,16 @@ pub(crate) fn from_vec<const D: usize>(values: Vec<f32>, shape: [usize; D]) -> F
     FlexTensor::from_data(TensorData::new(values, shape))
 }
 
+/// `Some` output of `len` values written by `kernel` ([`cpu::fresh`]) when `want`, else `kernel`
+/// run without that output (`None`).
+fn fresh_if(want: bool, len: usize, kernel: impl FnOnce(Option<cpu::Out<'_>>)) -> Option<Vec<f32>> {
+    if !want {
+        kernel(None);
+        return None;
+    }
+    Some(cpu::fresh(len, |out| kernel(Some(out))))
+}
+
 fn conv_out_shape(s: &ConvShape) -> [usize; 4] {
     [s.batch, s.out_channels, s.out_h(), s.out_w()]
 }
@@ -74,8 +84,9 @@ fn conv_forward(
     s: &ConvShape,
     relu: bool,
 ) -> FlexTensor {
-    let mut out = cpu::zeroed::<f32>(s.batch * s.out_image());
-    conv2d_forward(s, f32s(x), f32s(w), b.map(f32s), relu, &mut out);
+    let out = cpu::fresh(s.batch * s.out_image(), |out| {
+        conv2d_forward(s, f32s(x), f32s(w), b.map(f32s), relu, out)
+    });
     from_vec(out, conv_out_shape(s))
 }
 
@@ -160,21 +171,20 @@ impl Backward<Flex, 3> for ConvBackward {
             relu_out,
             shape: s,
         } = ops.state;
-        let mut dx = node_x
-            .as_ref()
-            .map(|_| cpu::zeroed::<f32>(s.batch * s.in_image()));
         let mut dw = node_w.as_ref().map(|_| cpu::zeroed::<f32>(s.weight_len()));
         let mut db = node_b.as_ref().map(|_| cpu::zeroed::<f32>(s.out_channels));
-        conv2d_backward(
-            &s,
-            f32s(&x),
-            f32s(&w),
-            f32s(&dy),
-            relu_out.as_ref().map(f32s),
-            dx.as_deref_mut(),
-            dw.as_deref_mut(),
-            db.as_deref_mut(),
-        );
+        let dx = fresh_if(node_x.is_some(), s.batch * s.in_image(), |dx| {
+            conv2d_backward(
+                &s,
+                f32s(&x),
+                f32s(&w),
+                f32s(&dy),
+                relu_out.as_ref().map(f32s),
+                dx,
+                dw.as_deref_mut(),
+                db.as_deref_mut(),
+            )
+        });
         register(
             grads,
             node_x.map(|n| n.id),
@@ -302,8 +312,8 @@ impl Backward<Flex, 3> for LinearBackward {
 
 fn pool_forward(x: &FlexTensor, s: &PoolShape) -> (FlexTensor, Vec<u32>) {
     let n = s.planes() * s.out_plane();
-    let (mut out, mut argmax) = (cpu::zeroed::<f32>(n), cpu::zeroed::<u32>(n));
-    max_pool2d_forward(s, f32s(x), &mut out, &mut argmax);
+    let mut argmax = Vec::new();
+    let out = cpu::fresh(n, |out| argmax = cpu::fresh(n, |argmax| max_pool2d_forward(s, f32s(x), out, argmax)));
     (from_vec(out, [s.batch, s.channels, s.out_h(), s.out_w()]), argmax)
 }
 
@@ -355,8 +365,9 @@ impl Backward<Flex, 1> for PoolBackward {
         let dy = contiguous(grads.consume::<Flex>(&ops.node));
         let Some(node) = node_x else { return };
         let s = ops.state.shape;
-        let mut dx = cpu::zeroed::<f32>(s.planes() * s.in_plane());
-        max_pool2d_backward(&s, f32s(&dy), &ops.state.argmax, &mut dx);
+        let dx = cpu::fresh(s.planes() * s.in_plane(), |dx| {
+            max_pool2d_backward(&s, f32s(&dy), &ops.state.argmax, dx)
+        });
         grads.register::<Flex>(node.id, from_vec(dx, [s.batch, s.channels, s.in_h, s.in_w]));
     }
 }
@@ -412,8 +423,7 @@ pub(crate) fn dropout<B: Backend, const D: usize>(x: Tensor<B, D>, prob: f64) ->
     };
     let scale = (1.0 / keep) as f32;
     let xp = contiguous(x.primitive);
-    let mut out = cpu::zeroed::<f32>(dims.iter().product());
-    dropout_forward(&mask, scale, f32s(&xp), &mut out);
+    let out = cpu::fresh(dims.iter().product(), |out| dropout_forward(&mask, scale, f32s(&xp), out));
     let out = from_vec(out, dims);
     let out = match DropoutBackward
         .prepare::<NoCheckpointing>([x.node])
@@ -443,8 +453,7 @@ impl Backward<Flex, 1> for DropoutBackward {
         let dy = contiguous(grads.consume::<Flex>(&ops.node));
         let Some(node) = node_x else { return };
         let DropoutState { mask, scale } = ops.state;
-        let mut dx = cpu::zeroed::<f32>(dy.layout().num_elements());
-        dropout_backward(&mask, scale, f32s(&dy), &mut dx);
+        let dx = cpu::fresh(dy.layout().num_elements(), |dx| dropout_backward(&mask, scale, f32s(&dy), dx));
         grads.register::<Flex>(
             node.id,
             FlexTensor::from_data(TensorData::new(dx, dy.layout().shape().clone())),
@@ -502,8 +511,7 @@ impl Backward<Flex, 4> for BatchNormAddBackward {
                 .relu_out
                 .as_ref()
                 .expect("the fused op keeps its output");
-            let mut dr = cpu::zeroed::<f32>(ops.state.shape.len());
-            cpu::relu_mask(f32s(&dy), f32s(y), &mut dr);
+            let dr = cpu::par_relu_mask(f32s(&dy), f32s(y));
             register(grads, Some(node.id), Some(dr), ops.state.dims);
         }
         let ids = [node_x, node_w, node_b].map(|n| n.map(|n| n.id));
@@ -520,21 +528,22 @@ fn batch_norm_grads(
     grads: &mut Gradients,
 ) {
     let sh = s.shape;
-    let mut dx = node_x.as_ref().map(|_| cpu::zeroed::<f32>(sh.len()));
     let mut dw = node_w.as_ref().map(|_| vec![0.0; sh.channels]);
     let mut db = node_b.as_ref().map(|_| vec![0.0; sh.channels]);
-    batch_norm_backward(
-        &sh,
-        f32s(&s.x),
-        &s.mean,
-        &s.inv_std,
-        f32s(&s.weight),
-        f32s(dy),
-        s.relu_out.as_ref().map(f32s),
-        dx.as_deref_mut(),
-        dw.as_deref_mut(),
-        db.as_deref_mut(),
-    );
+    let dx = fresh_if(node_x.is_some(), sh.len(), |dx| {
+        batch_norm_backward(
+            &sh,
+            f32s(&s.x),
+            &s.mean,
+            &s.inv_std,
+            f32s(&s.weight),
+            f32s(dy),
+            s.relu_out.as_ref().map(f32s),
+            dx,
+            dw.as_deref_mut(),
+            db.as_deref_mut(),
+        )
+    });
     register(grads, node_x, dx, s.dims);
     register(grads, node_w, dw, [sh.channels]);
     register(grads, node_b, db, [sh.channels]);
@@ -554,17 +563,18 @@ pub(crate) fn batch_norm_train<B: Backend>(
     let forward = |x: &FlexTensor, w: &FlexTensor, b: &FlexTensor| {
         let (mean, var) = batch_stats(&shape, f32s(x));
         let inv = inv_std(&var, eps);
-        let mut y = cpu::zeroed::<f32>(shape.len());
-        normalise(
-            &shape,
-            f32s(x),
-            &to_f32(&mean),
-            &to_f32(&inv),
-            f32s(w),
-            f32s(b),
-            relu,
-            &mut y,
-        );
+        let y = cpu::fresh(shape.len(), |y| {
+            normalise(
+                &shape,
+                f32s(x),
+                &to_f32(&mean),
+                &to_f32(&inv),
+                f32s(w),
+                f32s(b),
+                relu,
+                y,
+            )
+        });
         (from_vec(y, dims), mean, var, inv)
     };
     let stats = |mean: &[f64], var: &[f64]| {
@@ -640,17 +650,18 @@ pub(crate) fn batch_norm_add_relu_train<B: Backend>(
     );
     let (mean, var) = batch_stats(&shape, f32s(&xp));
     let inv = inv_std(&var, eps);
-    let mut y = cpu::zeroed::<f32>(shape.len());
-    normalise_add_relu(
-        &shape,
-        f32s(&xp),
-        &to_f32(&mean),
-        &to_f32(&inv),
-        f32s(&wp),
-        f32s(&bp),
-        f32s(&rp),
-        &mut y,
-    );
+    let y = cpu::fresh(shape.len(), |y| {
+        normalise_add_relu(
+            &shape,
+            f32s(&xp),
+            &to_f32(&mean),
+            &to_f32(&inv),
+            f32s(&wp),
+            f32s(&bp),
+            f32s(&rp),
+            y,
+        )
+    });
     let y = from_vec(y, dims);
     let c = shape.channels;
     let (mean_t, var_t) = (from_vec(to_f32(&mean), [c]), from_vec(to_f32(&var), [c]));
@@ -686,13 +697,16 @@ fn running_inv_std(var: &FlexTensor, eps: f64) -> Vec<f32> {
     to_f32(&inv_std(&var, eps))
 }
 
-/// Batch norm with given statistics (inference) on flex.
+/// Batch norm with given statistics (inference) on flex, then `relu`; with a `residual`,
+/// `relu(batch_norm(x) + residual)` (`relu` is then implied).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn batch_norm_eval<B: Backend>(
     x: Tensor<B, 4>,
     mean: Tensor<B, 1>,
     var: Tensor<B, 1>,
     weight: Tensor<B, 1>,
     bias: Tensor<B, 1>,
+    residual: Option<Tensor<B, 4>>,
     shape: BnShape,
     eps: f64,
     relu: bool,
@@ -705,18 +719,13 @@ pub(crate) fn batch_norm_eval<B: Backend>(
         contiguous(flex_prim(weight)),
         contiguous(flex_prim(bias)),
     ];
+    let residual = residual.map(|r| contiguous(flex_prim(r)));
     let inv = running_inv_std(&var, eps);
-    let mut y = cpu::zeroed::<f32>(shape.len());
-    normalise(
-        &shape,
-        f32s(&x),
-        f32s(&mean),
-        &inv,
-        f32s(&w),
-        f32s(&b),
-        relu,
-        &mut y,
-    );
+    let (x, mean, w, b) = (f32s(&x), f32s(&mean), f32s(&w), f32s(&b));
+    let y = cpu::fresh(shape.len(), |y| match &residual {
+        Some(r) => normalise_add_relu(&shape, x, mean, &inv, w, b, f32s(r), y),
+        None => normalise(&shape, x, mean, &inv, w, b, relu, y),
+    });
     back::<B, 4>(tensor::<Flex, 4>(from_vec(y, dims)))
 }
 
@@ -751,23 +760,24 @@ impl Backward<Flex, 3> for BnPoolBackward {
         let dz = contiguous(grads.consume::<Flex>(&ops.node));
         let s = ops.state;
         let sh = s.shape;
-        let mut dx = node_x.as_ref().map(|_| cpu::zeroed::<f32>(sh.bn().len()));
         let mut dw = node_w.as_ref().map(|_| vec![0.0; sh.channels]);
         let mut db = node_b.as_ref().map(|_| vec![0.0; sh.channels]);
-        batch_norm_relu_pool_backward(
-            &sh,
-            f32s(&s.x),
-            &s.mean,
-            &s.inv_std,
-            f32s(&s.weight),
-            f32s(&dz),
-            f32s(&s.z),
-            &s.argmax,
-            &s.x_at,
-            dx.as_deref_mut(),
-            dw.as_deref_mut(),
-            db.as_deref_mut(),
-        );
+        let dx = fresh_if(node_x.is_some(), sh.bn().len(), |dx| {
+            batch_norm_relu_pool_backward(
+                &sh,
+                f32s(&s.x),
+                &s.mean,
+                &s.inv_std,
+                f32s(&s.weight),
+                f32s(&dz),
+                f32s(&s.z),
+                &s.argmax,
+                &s.x_at,
+                dx,
+                dw.as_deref_mut(),
+                db.as_deref_mut(),
+            )
+        });
         register(
             grads,
             node_x.map(|n| n.id),
@@ -789,22 +799,14 @@ fn bn_pool_forward(
     b: &FlexTensor,
 ) -> (FlexTensor, Vec<u32>, Vec<f32>) {
     let n = s.out_len();
-    let (mut z, mut argmax, mut x_at) = (
-        cpu::zeroed::<f32>(n),
-        cpu::zeroed::<u32>(n),
-        cpu::zeroed::<f32>(n),
-    );
-    normalise_relu_pool(
-        s,
-        f32s(x),
-        mean,
-        inv,
-        f32s(w),
-        f32s(b),
-        &mut z,
-        &mut argmax,
-        &mut x_at,
-    );
+    let (mut argmax, mut x_at) = (Vec::new(), Vec::new());
+    let z = cpu::fresh(n, |z| {
+        argmax = cpu::fresh(n, |argmax| {
+            x_at = cpu::fresh(n, |x_at| {
+                normalise_relu_pool(s, f32s(x), mean, inv, f32s(w), f32s(b), z, argmax, x_at)
+            })
+        })
+    });
     (
         from_vec(z, [s.batch, s.channels, s.out_h(), s.out_w()]),
         argmax,

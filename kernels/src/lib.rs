@@ -496,10 +496,36 @@ pub fn batch_norm2d_eval<B: Backend>(
     #[cfg(feature = "flex")]
     if is_flex::<B>() && weight.dtype() == DType::F32 {
         if let Some(shape) = bn_shape(&x, weight.dims()[0]) {
-            return flex::batch_norm_eval(x, mean, var, weight, bias, shape, eps, relu);
+            return flex::batch_norm_eval(x, mean, var, weight, bias, None, shape, eps, relu);
         }
     }
     batch_norm2d_stock(x, mean, var, weight, bias, eps, relu)
+}
+
+/// `relu(batch_norm2d_eval(x) + residual)`: the end of a residual block in inference. On the
+/// kernels (flex) one pass with the same values as the three ops (each element rounded as by
+/// them); elsewhere the three ops.
+///
+/// # Shapes
+/// - `x`, `residual`: `[batch, channels, h, w]`; the others `[channels]`
+/// - output: `x`'s
+pub fn batch_norm2d_add_relu_eval<B: Backend>(
+    x: Tensor<B, 4>,
+    mean: Tensor<B, 1>,
+    var: Tensor<B, 1>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    residual: Tensor<B, 4>,
+    eps: f64,
+) -> Tensor<B, 4> {
+    #[cfg(feature = "flex")]
+    if is_flex::<B>() && weight.dtype() == DType::F32 && residual.dtype() == DType::F32 {
+        if let Some(shape) = bn_shape(&x, weight.dims()[0]).filter(|_| residual.dims() == x.dims()) {
+            return flex::batch_norm_eval(x, mean, var, weight, bias, Some(residual), shape, eps, true);
+        }
+    }
+    let y = batch_norm2d_eval(x, mean, var, weight, bias, eps, false);
+    burn::tensor::activation::relu(y.add(residual))
 }
 
 /// `(x - mean) / sqrt(var + eps) * weight + bias` per channel with burn's ops, then `relu`.

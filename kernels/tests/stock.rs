@@ -597,10 +597,12 @@ proptest! {
 
 /// The fused end of a residual block, `relu(batch_norm(x) + residual)` in training mode,
 /// against burn's stock batch norm, add and ReLU in f64: the output, the statistics and every
-/// gradient, the residual's included.
+/// gradient, the residual's included; then in inference with those statistics.
 fn check_batch_norm_add_relu(batch: usize, channels: usize, h: usize, w: usize, seed: u64) {
     use burn::tensor::activation::relu;
-    use ember_kernels::{batch_norm2d_add_relu_train, batch_norm2d_train_stock};
+    use ember_kernels::{
+        batch_norm2d_add_relu_eval, batch_norm2d_add_relu_train, batch_norm2d_eval, batch_norm2d_train_stock,
+    };
     let dims = [batch, channels, h, w];
     let (xf, xr) = same_mapped(dims, seed, |v| v * 3.0 + 2.0);
     let (wf, wr) = same([channels], seed + 1);
@@ -630,6 +632,28 @@ fn check_batch_norm_add_relu(batch: usize, channels: usize, h: usize, w: usize, 
         values(sf.grad(&gf).unwrap()),
         values(sr.grad(&gr).unwrap()),
     );
+    // Inference with those statistics, on the inner backends, against burn's batch norm, add
+    // and ReLU.
+    let yf = batch_norm2d_add_relu_eval(
+        xf.inner(),
+        mf.clone().inner(),
+        vf.clone().inner(),
+        wf.inner(),
+        bf.inner(),
+        sf.inner(),
+        1e-5,
+    );
+    let yr = batch_norm2d_eval(
+        xr.inner(),
+        as_stored(&mf),
+        as_stored(&vf),
+        wr.inner(),
+        br.inner(),
+        1e-5,
+        false,
+    );
+    let yr = relu(yr.add(sr.inner()));
+    assert_close_at_scale(&format!("{what}: eval"), values(yf), values(yr), terms);
 }
 
 proptest! {

@@ -74,17 +74,18 @@ impl<B: Backend> BatchNorm2d<B> {
         self.forward_maybe_relu(x, true)
     }
 
-    /// `relu(self.forward(x) + residual)`, a residual block's end: fused (one pass each way) on
-    /// ember's CPU kernels in training, with the same values as the three ops.
+    /// `relu(self.forward(x) + residual)`, a residual block's end: fused on ember's CPU kernels
+    /// (one pass each way in training, one in inference), with the same values as the three ops.
     ///
     /// # Shapes
     /// - `x`, `residual`: `[batch, channels, height, width]`
     /// - output: the same
     pub fn forward_add_relu(&self, x: Tensor<B, 4>, residual: Tensor<B, 4>) -> Tensor<B, 4> {
-        if !B::ad_enabled(&x.device()) {
-            return burn::tensor::activation::relu(self.forward(x).add(residual));
-        }
         let (weight, bias) = (self.weight.val(), self.bias.val());
+        if !B::ad_enabled(&x.device()) {
+            let (mean, var) = (self.running_mean.value(), self.running_var.value());
+            return ember_kernels::batch_norm2d_add_relu_eval(x, mean, var, weight, bias, residual, self.eps);
+        }
         let count = Self::count(&x);
         let (y, mean, var) = ember_kernels::batch_norm2d_add_relu_train(x, weight, bias, residual, self.eps);
         self.update_running(count, mean, var);

@@ -7,7 +7,7 @@
 
 use rayon::prelude::*;
 
-use super::lane_sum;
+use super::{lane_sum, Out};
 use super::pool::pool_2x2;
 #[cfg(test)]
 use super::pool::PoolShape;
@@ -124,7 +124,7 @@ pub fn to_f32(values: &[f64]) -> Vec<f32> {
 /// `y = (x - mean) * (inv_std * weight) + bias` per channel, then ReLU'd when `relu` (0 where
 /// `y <= 0`; NaN stays NaN).
 #[allow(clippy::too_many_arguments)]
-pub fn normalise(
+pub fn normalise<'o>(
     s: &BnShape,
     x: &[f32],
     mean: &[f32],
@@ -132,7 +132,7 @@ pub fn normalise(
     weight: &[f32],
     bias: &[f32],
     relu: bool,
-    y: &mut [f32],
+    y: impl Into<Out<'o>>,
 ) {
     normalise_with(s, x, mean, inv_std, weight, bias, None, relu, y)
 }
@@ -145,7 +145,7 @@ pub fn normalise(
 /// # Shapes
 /// `x`, `residual`, `y`: `[batch, channels, h, w]` (`s`); the others `[channels]`
 #[allow(clippy::too_many_arguments)]
-pub fn normalise_add_relu(
+pub fn normalise_add_relu<'o>(
     s: &BnShape,
     x: &[f32],
     mean: &[f32],
@@ -153,14 +153,14 @@ pub fn normalise_add_relu(
     weight: &[f32],
     bias: &[f32],
     residual: &[f32],
-    y: &mut [f32],
+    y: impl Into<Out<'o>>,
 ) {
     assert_eq!(residual.len(), s.len(), "batch norm: residual length");
     normalise_with(s, x, mean, inv_std, weight, bias, Some(residual), true, y)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn normalise_with(
+fn normalise_with<'o>(
     s: &BnShape,
     x: &[f32],
     mean: &[f32],
@@ -169,8 +169,9 @@ fn normalise_with(
     bias: &[f32],
     residual: Option<&[f32]>,
     relu: bool,
-    y: &mut [f32],
+    y: impl Into<Out<'o>>,
 ) {
+    let y = y.into();
     assert_eq!(x.len(), s.len(), "batch norm: input length");
     assert_eq!(y.len(), s.len(), "batch norm: output length");
     for v in [mean, inv_std, weight, bias] {
@@ -293,21 +294,22 @@ impl BnPoolShape {
 /// - `x`: `[batch, channels, in_h, in_w]`; `mean`, `inv_std`, `weight`, `bias`: `[channels]`
 /// - `out`, `argmax`, `x_at`: `[batch, channels, in_h / 2, in_w / 2]`, overwritten
 #[allow(clippy::too_many_arguments)]
-pub fn normalise_relu_pool(
+pub fn normalise_relu_pool<'o>(
     s: &BnPoolShape,
     x: &[f32],
     mean: &[f32],
     inv_std: &[f32],
     weight: &[f32],
     bias: &[f32],
-    out: &mut [f32],
-    argmax: &mut [u32],
-    x_at: &mut [f32],
+    out: impl Into<Out<'o>>,
+    argmax: impl Into<Out<'o, u32>>,
+    x_at: impl Into<Out<'o>>,
 ) {
+    let (out, argmax, x_at) = (out.into(), argmax.into(), x_at.into());
     assert!(s.is_valid(), "batch norm + pool: invalid shape {s:?}");
     let (plane, pooled) = (s.in_h * s.in_w, s.out_plane());
     assert_eq!(x.len(), s.bn().len(), "batch norm + pool: input length");
-    for v in [&*out, &*x_at] {
+    for v in [&out, &x_at] {
         assert_eq!(v.len(), s.out_len(), "batch norm + pool: output length");
     }
     assert_eq!(argmax.len(), s.out_len(), "batch norm + pool: argmax length");
@@ -369,7 +371,7 @@ fn normalise_relu_pool_image(
 /// so the per-channel sums run over the pooled elements only (`x_at` holds the input there),
 /// and `dx` is the zero-gradient formula everywhere, then each maximum's own.
 #[allow(clippy::too_many_arguments)]
-pub fn batch_norm_relu_pool_backward(
+pub fn batch_norm_relu_pool_backward<'o>(
     s: &BnPoolShape,
     x: &[f32],
     mean: &[f64],
@@ -379,7 +381,7 @@ pub fn batch_norm_relu_pool_backward(
     z: &[f32],
     argmax: &[u32],
     x_at: &[f32],
-    dx: Option<&mut [f32]>,
+    dx: Option<impl Into<Out<'o>>>,
     dweight: Option<&mut [f32]>,
     dbias: Option<&mut [f32]>,
 ) {
@@ -453,7 +455,7 @@ pub fn batch_norm_relu_pool_backward(
     let maps: Vec<(f64, f64)> = per_image.into_iter().flatten().collect();
     let n = s.bn().count() as f64;
     let rules = dx_rules(&maps, s.channels, n, mean, inv_std, weight, dweight, dbias);
-    let Some(dx) = dx else { return };
+    let Some(dx) = dx.map(Into::into) else { return };
     assert_eq!(
         dx.len(),
         x.len(),
@@ -563,7 +565,7 @@ fn dx_rules(
 /// Rounding `mean(g)` or the batch mean to `f32` once would shift every element of a channel the
 /// same way and add up over its 200,000 elements, so each element is computed in `f64` from
 /// `f64` statistics and rounded once.
-pub fn batch_norm_backward(
+pub fn batch_norm_backward<'o>(
     s: &BnShape,
     x: &[f32],
     mean: &[f64],
@@ -571,7 +573,7 @@ pub fn batch_norm_backward(
     weight: &[f32],
     dy: &[f32],
     relu_out: Option<&[f32]>,
-    dx: Option<&mut [f32]>,
+    dx: Option<impl Into<Out<'o>>>,
     dweight: Option<&mut [f32]>,
     dbias: Option<&mut [f32]>,
 ) {
@@ -644,7 +646,7 @@ pub fn batch_norm_backward(
         dweight,
         dbias,
     );
-    let Some(dx) = dx else { return };
+    let Some(dx) = dx.map(Into::into) else { return };
     assert_eq!(dx.len(), s.len(), "batch norm: input gradient length");
     if s.is_empty() {
         return;

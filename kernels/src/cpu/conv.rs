@@ -11,10 +11,11 @@
 //! coordinates, and its backward adds the border's gradient onto the edge pixels, so no padded
 //! copy of the input is ever made.
 
+use rayon::iter::Either;
 use rayon::prelude::*;
 
 use super::scratch::with_scratch;
-use super::{gemm, lane_sum, out_len, relu_in_place, relu_mask, transpose, Gemm};
+use super::{gemm, lane_sum, out_len, relu_in_place, relu_mask, transpose, Gemm, Out};
 
 mod winograd;
 
@@ -573,14 +574,15 @@ fn weights_times(
 /// - `weight`: `[out_channels, in_channels, kh, kw]`
 /// - `bias`: `[out_channels]`
 /// - `out`: `[batch, out_channels, out_h, out_w]`, overwritten
-pub fn conv2d_forward(
+pub fn conv2d_forward<'o>(
     s: &ConvShape,
     x: &[f32],
     weight: &[f32],
     bias: Option<&[f32]>,
     relu: bool,
-    out: &mut [f32],
+    out: impl Into<Out<'o>>,
 ) {
+    let out = out.into();
     assert!(s.is_valid(), "conv2d: invalid shapes {s:?}");
     assert_eq!(x.len(), s.batch * s.in_image(), "conv2d: input length");
     assert_eq!(weight.len(), s.weight_len(), "conv2d: weight length");
@@ -726,16 +728,17 @@ fn images_per_group(s: &ConvShape) -> usize {
 /// - `dy`, `relu_out`: `[batch, out_channels, out_h, out_w]`
 /// - `dx`: like `x`, `dweight`: like `weight`, `dbias`: `[out_channels]`
 #[allow(clippy::too_many_arguments)]
-pub fn conv2d_backward(
+pub fn conv2d_backward<'o>(
     s: &ConvShape,
     x: &[f32],
     weight: &[f32],
     dy: &[f32],
     relu_out: Option<&[f32]>,
-    dx: Option<&mut [f32]>,
+    dx: Option<impl Into<Out<'o>>>,
     dweight: Option<&mut [f32]>,
     dbias: Option<&mut [f32]>,
 ) {
+    let dx = dx.map(Into::into);
     assert!(s.is_valid(), "conv2d backward: invalid shapes {s:?}");
     assert_eq!(x.len(), s.batch * s.in_image(), "conv2d backward: input length");
     assert_eq!(weight.len(), s.weight_len(), "conv2d backward: weight length");
@@ -779,19 +782,18 @@ pub fn conv2d_backward(
     } else {
         images_per_gemm(s)
     };
-    let mut dx_groups: Vec<Option<&mut [f32]>> = match dx {
+    let dx_groups = match dx {
         Some(dx) => {
             assert_eq!(dx.len(), x.len(), "conv2d backward: input gradient length");
-            dx.chunks_mut(per * s.in_image()).map(Some).collect()
+            Either::Left(dx.par_chunks_mut(per * s.in_image()).map(Some))
         }
-        None => (0..s.batch.div_ceil(per)).map(|_| None).collect(),
+        None => Either::Right((0..s.batch.div_ceil(per)).into_par_iter().map(|_| None)),
     };
 
     // Per group: the sums of the weight and bias gradients over its images, in image order.
     let partials: Vec<(Vec<f32>, Vec<f64>)> = dx_groups
-        .par_iter_mut()
         .enumerate()
-        .map(|(g, dx)| {
+        .map(|(g, mut dx): (usize, Option<&mut [f32]>)| {
             let first = g * per;
             let images = per.min(s.batch - first);
             let mut gw = if want_w {

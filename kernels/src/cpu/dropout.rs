@@ -6,6 +6,8 @@
 
 use rayon::prelude::*;
 
+use super::Out;
+
 /// Elements per parallel block: a function of nothing but the length.
 const BLOCK: usize = 1 << 14;
 
@@ -54,7 +56,8 @@ impl DropoutMask {
 
 /// `out[i] = (x[i] * m[i]) * scale`, in the order of burn's `Dropout` (`input * mask`, then
 /// `* (1 / keep)`), so that a dropped NaN stays NaN as it does there.
-pub fn dropout_forward(mask: &DropoutMask, scale: f32, x: &[f32], out: &mut [f32]) {
+pub fn dropout_forward<'o>(mask: &DropoutMask, scale: f32, x: &[f32], out: impl Into<Out<'o>>) {
+    let out = out.into();
     assert_eq!(x.len(), out.len(), "dropout: lengths");
     let t = mask.threshold();
     out.par_chunks_mut(BLOCK)
@@ -69,7 +72,8 @@ pub fn dropout_forward(mask: &DropoutMask, scale: f32, x: &[f32], out: &mut [f32
 
 /// `dx[i] = (dy[i] * scale) * m[i]`: the gradient through burn's two multiplications, in their
 /// order.
-pub fn dropout_backward(mask: &DropoutMask, scale: f32, dy: &[f32], dx: &mut [f32]) {
+pub fn dropout_backward<'o>(mask: &DropoutMask, scale: f32, dy: &[f32], dx: impl Into<Out<'o>>) {
+    let dx = dx.into();
     assert_eq!(dy.len(), dx.len(), "dropout backward: lengths");
     let t = mask.threshold();
     dx.par_chunks_mut(BLOCK)

@@ -8,9 +8,12 @@ pub mod conv;
 pub mod dropout;
 pub mod linear;
 pub mod optim;
+pub mod out;
 pub mod peak;
 pub mod pool;
 mod simd;
+
+pub use out::{fresh, Out};
 
 /// Whether the AVX-512 paths run here (the CPU has AVX-512F, `EMBER_SIMD` is not `portable`).
 pub(crate) fn simd_avx512() -> bool {
@@ -181,6 +184,17 @@ pub(crate) fn relu_mask(dy: &[f32], y: &[f32], masked: &mut [f32]) {
     for ((m, &d), &y) in masked.iter_mut().zip(dy).zip(y) {
         *m = if y <= 0.0 { 0.0 } else { d };
     }
+}
+
+/// [`relu_mask`] into a new buffer, in parallel blocks.
+pub(crate) fn par_relu_mask(dy: &[f32], y: &[f32]) -> Vec<f32> {
+    const BLOCK: usize = 32 << 10;
+    assert_eq!(dy.len(), y.len(), "relu_mask: lengths");
+    fresh(y.len(), |out| {
+        out.par_chunks_mut(BLOCK)
+            .zip(dy.par_chunks(BLOCK).zip(y.par_chunks(BLOCK)))
+            .for_each(|(m, (dy, y))| relu_mask(dy, y, m))
+    })
 }
 
 pub(crate) mod scratch {

@@ -6,7 +6,7 @@
 
 use rayon::prelude::*;
 
-use super::out_len;
+use super::{out_len, Out};
 
 /// Input `[batch, channels, in_h, in_w]`, output `[batch, channels, out_h, out_w]`; dilation 1,
 /// floor rounding.
@@ -65,7 +65,13 @@ fn window(o: usize, stride: usize, pad: usize, kernel: usize, size: usize) -> (u
 }
 
 /// `out` = the window maxima, `argmax` = the index of each maximum within its input plane.
-pub fn max_pool2d_forward(s: &PoolShape, x: &[f32], out: &mut [f32], argmax: &mut [u32]) {
+pub fn max_pool2d_forward<'o>(
+    s: &PoolShape,
+    x: &[f32],
+    out: impl Into<Out<'o>>,
+    argmax: impl Into<Out<'o, u32>>,
+) {
+    let (out, argmax) = (out.into(), argmax.into());
     assert!(s.is_valid(), "max_pool2d: invalid shapes {s:?}");
     assert_eq!(x.len(), s.planes() * s.in_plane(), "max_pool2d: input length");
     assert_eq!(out.len(), s.planes() * s.out_plane(), "max_pool2d: output length");
@@ -146,7 +152,8 @@ fn pool_2x2_row(top: &[f32], bottom: &[f32], base: u32, w: u32, out: &mut [f32],
 }
 
 /// `dx` (overwritten) = `dy` routed back to each window's maximum; overlapping windows add up.
-pub fn max_pool2d_backward(s: &PoolShape, dy: &[f32], argmax: &[u32], dx: &mut [f32]) {
+pub fn max_pool2d_backward<'o>(s: &PoolShape, dy: &[f32], argmax: &[u32], dx: impl Into<Out<'o>>) {
+    let dx = dx.into();
     assert_eq!(
         dy.len(),
         s.planes() * s.out_plane(),
@@ -162,7 +169,7 @@ pub fn max_pool2d_backward(s: &PoolShape, dy: &[f32], argmax: &[u32], dx: &mut [
         .zip(dy.par_chunks(s.out_plane()))
         .zip(argmax.par_chunks(s.out_plane()))
         .for_each(|((dx, dy), argmax)| {
-            dx.fill(0.0);
+            // `dx` comes zeroed.
             for (&g, &i) in dy.iter().zip(argmax) {
                 dx[i as usize] += g;
             }
