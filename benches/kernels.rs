@@ -163,7 +163,18 @@ fn conv2d_bwd_weight(bencher: divan::Bencher, which: usize) {
     let (mut dw, mut db) = (vec![0.0; w.len()], vec![0.0; s.out_channels]);
     bencher
         .counter(ItemsCount::new(s.forward_macs()))
-        .bench_local(|| conv2d_backward(&s, &x, &w, &dy, Some(&y), None::<&mut [f32]>, Some(&mut dw), Some(&mut db)));
+        .bench_local(|| {
+            conv2d_backward(
+                &s,
+                &x,
+                &w,
+                &dy,
+                Some(&y),
+                None::<&mut [f32]>,
+                Some(&mut dw),
+                Some(&mut db),
+            )
+        });
 }
 
 #[divan::bench(args = [1, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13], sample_count = 20)]

@@ -313,7 +313,9 @@ impl Backward<Flex, 3> for LinearBackward {
 fn pool_forward(x: &FlexTensor, s: &PoolShape) -> (FlexTensor, Vec<u32>) {
     let n = s.planes() * s.out_plane();
     let mut argmax = Vec::new();
-    let out = cpu::fresh(n, |out| argmax = cpu::fresh(n, |argmax| max_pool2d_forward(s, f32s(x), out, argmax)));
+    let out = cpu::fresh(n, |out| {
+        argmax = cpu::fresh(n, |argmax| max_pool2d_forward(s, f32s(x), out, argmax))
+    });
     (from_vec(out, [s.batch, s.channels, s.out_h(), s.out_w()]), argmax)
 }
 
@@ -423,7 +425,9 @@ pub(crate) fn dropout<B: Backend, const D: usize>(x: Tensor<B, D>, prob: f64) ->
     };
     let scale = (1.0 / keep) as f32;
     let xp = contiguous(x.primitive);
-    let out = cpu::fresh(dims.iter().product(), |out| dropout_forward(&mask, scale, f32s(&xp), out));
+    let out = cpu::fresh(dims.iter().product(), |out| {
+        dropout_forward(&mask, scale, f32s(&xp), out)
+    });
     let out = from_vec(out, dims);
     let out = match DropoutBackward
         .prepare::<NoCheckpointing>([x.node])
@@ -453,7 +457,9 @@ impl Backward<Flex, 1> for DropoutBackward {
         let dy = contiguous(grads.consume::<Flex>(&ops.node));
         let Some(node) = node_x else { return };
         let DropoutState { mask, scale } = ops.state;
-        let dx = cpu::fresh(dy.layout().num_elements(), |dx| dropout_backward(&mask, scale, f32s(&dy), dx));
+        let dx = cpu::fresh(dy.layout().num_elements(), |dx| {
+            dropout_backward(&mask, scale, f32s(&dy), dx)
+        });
         grads.register::<Flex>(
             node.id,
             FlexTensor::from_data(TensorData::new(dx, dy.layout().shape().clone())),

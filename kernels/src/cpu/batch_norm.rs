@@ -7,11 +7,11 @@
 
 use rayon::prelude::*;
 
-use super::{lane_sum, Out};
 use super::pool::pool_2x2;
 #[cfg(test)]
 use super::pool::PoolShape;
 use super::simd::wide;
+use super::{lane_sum, Out};
 
 /// `batch` images of `channels` maps of `plane` (height x width) elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -33,10 +33,7 @@ impl<'a, T> From<&'a mut [T]> for Out<'a, T> {
         // describe the same memory; the slice is initialised, and `Out` only writes initialised
         // values into it (its invariant), so it is still initialised when the borrow ends.
         let values = unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast(), len) };
-        Out {
-            values,
-            handed: None,
-        }
+        Out { values, handed: None }
     }
 }
 
