@@ -88,6 +88,34 @@ impl<'a, T: Copy + Default + Send + Sync> Out<'a, T> {
     }
 }
 
+/// One chunk of an [`Out`], split off on one thread and zeroed (and counted) by the thread that
+/// takes it with [`OutChunk::zeroed`].
+pub struct OutChunk<'a, T = f32> {
+    values: &'a mut [MaybeUninit<T>],
+    handed: Option<&'a AtomicUsize>,
+}
+
+impl<'a, T: Copy + Default> OutChunk<'a, T> {
+    pub fn zeroed(self) -> &'a mut [T] {
+        if let Some(h) = self.handed {
+            h.fetch_add(self.values.len(), Ordering::Relaxed);
+        }
+        zeroed_chunk(self.values)
+    }
+}
+
+impl<'a, T: Copy + Default + Send + Sync> Out<'a, T> {
+    /// The output in chunks of `n` elements (the last may be shorter), not yet written: each is
+    /// zeroed when taken ([`OutChunk::zeroed`]), so that a kernel can hand them to its threads
+    /// in an order of its own.
+    pub fn chunks(self, n: usize) -> impl Iterator<Item = OutChunk<'a, T>> {
+        let handed = self.handed;
+        self.values
+            .chunks_mut(n)
+            .map(move |values| OutChunk { values, handed })
+    }
+}
+
 /// `len` values that `kernel` writes through the [`Out`] it is given, without zeroing them first.
 ///
 /// # Panics
@@ -131,6 +159,28 @@ mod tests {
     #[should_panic(expected = "left part of its output unwritten")]
     fn fresh_refuses_a_kernel_that_skips_chunks() {
         fresh::<f32>(10, |out| out.par_chunks_mut(3).take(2).for_each(|_| ()));
+    }
+
+    #[test]
+    fn chunks_taken_in_any_order_fill_a_fresh_buffer() {
+        let v = fresh::<f32>(5, |out| {
+            let mut chunks: Vec<_> = out.chunks(2).collect();
+            chunks.reverse();
+            for (i, c) in chunks.into_iter().enumerate() {
+                c.zeroed()[0] = i as f32 + 1.0;
+            }
+        });
+        assert_eq!(v, [3.0, 0.0, 2.0, 0.0, 1.0]);
+    }
+
+    #[test]
+    #[should_panic(expected = "left part of its output unwritten")]
+    fn a_chunk_never_taken_is_refused() {
+        fresh::<f32>(5, |out| {
+            out.chunks(2).take(2).for_each(|c| {
+                c.zeroed();
+            })
+        });
     }
 
     #[test]
