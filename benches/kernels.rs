@@ -4,7 +4,9 @@
 //! ReLU fused as the models call it.
 
 use divan::counter::ItemsCount;
-use ember_kernels::cpu::batch_norm::{batch_norm_backward, batch_stats, inv_std, normalise, to_f32, BnShape};
+use ember_kernels::cpu::batch_norm::{
+    batch_norm_backward, batch_stats, inv_std, normalise, normalise_add_relu, to_f32, BnShape,
+};
 use ember_kernels::cpu::conv::{conv2d_backward, conv2d_forward, ConvShape, PadMode};
 use ember_kernels::cpu::dropout::{dropout_backward, dropout_forward, DropoutMask};
 use ember_kernels::cpu::linear::{linear_backward, linear_forward, LinearShape};
@@ -400,6 +402,22 @@ fn batch_norm_fwd(bencher: divan::Bencher, which: usize) {
         let (mean, var) = batch_stats(&s, &x);
         let inv = inv_std(&var, 1e-5);
         normalise(&s, &x, &to_f32(&mean), &to_f32(&inv), &w, &b, true, &mut y);
+    });
+}
+
+/// A residual block's end, `relu(normalise(x) + residual)` (training forward's second pass,
+/// and the whole of inference), into a fresh output as the model runs it: not zeroed ahead.
+#[divan::bench(args = [0, 1, 2, 3], sample_count = 20)]
+fn batch_norm_add_relu(bencher: divan::Bencher, which: usize) {
+    let (_, s) = BATCH_NORMS[which];
+    let (x, r) = (ramp(s.len()), ramp(s.len()));
+    let (w, b) = (ramp(s.channels), ramp(s.channels));
+    let (mean, var) = batch_stats(&s, &x);
+    let (mean, inv) = (to_f32(&mean), to_f32(&inv_std(&var, 1e-5)));
+    bencher.counter(ItemsCount::new(s.len())).bench_local(|| {
+        ember_kernels::cpu::fresh(s.len(), |y| {
+            normalise_add_relu(&s, &x, &mean, &inv, &w, &b, &r, y)
+        })
     });
 }
 
