@@ -312,12 +312,12 @@ pub fn table(records: &[BenchRecord]) -> String {
     let mut s = String::from(
         "Step times are medians over repeats, ms (min–max). Ratios are ember / PyTorch: below 1 \
          ember's step is shorter; for eval images/s above 1 ember is faster.\n\n\
-         | scenario | ember step ms | PyTorch preloaded ms | ratio (min–max) | PyTorch dataloader ms | ratio (min–max) | eval img/s ember / PyTorch (untrained) | eval img/s ember / PyTorch (trained) | peak RSS MiB ember / PyTorch |",
+         | scenario | ember step ms | PyTorch preloaded ms | ratio (min–max) | PyTorch dataloader ms | ratio (min–max) | eval img/s ember / PyTorch (untrained) | eval img/s ember / PyTorch (trained) | peak RSS MiB ember / PyTorch | ember GFLOP/s (% of GEMM peak) |",
     );
     if gpu {
         s += " PyTorch preloaded TF32 ms | ratio (min–max) | GPU util % ember / PyTorch (p10) | peak GPU memory MiB (NVML) ember / PyTorch |";
     }
-    s += "\n|---|---|---|---|---|---|---|---|---|";
+    s += "\n|---|---|---|---|---|---|---|---|---|---|";
     if gpu {
         s += "---|---|---|---|";
     }
@@ -352,8 +352,14 @@ pub fn table(records: &[BenchRecord]) -> String {
             ),
             None => format!("{:.0}", mib(e.memory.peak_rss_bytes)),
         };
+        // Training FLOP/s, as a fraction of the CPU's measured f32 GEMM peak where measured.
+        let gflops = e.achieved_tflops * 1e3;
+        let flops = match e.cpu_gemm_peak_gflops {
+            Some(peak) => format!("{gflops:.0} ({:.0}%)", 100.0 * gflops / peak),
+            None => format!("{gflops:.0}"),
+        };
         s += &format!(
-            "| {sc} (batch {}) | {} | {pre} | {pre_r} | {dl} | {dl_r} | {} | {} | {rss} |",
+            "| {sc} (batch {}) | {} | {pre} | {pre_r} | {dl} | {dl_r} | {} | {} | {rss} | {flops} |",
             e.batch_size,
             ms(e),
             eval(|r| r.eval.untrained_images_per_sec.median),

@@ -187,4 +187,14 @@ fn compare_without_pytorch_writes_embers_records() {
     assert_eq!(records.len(), 1);
     assert_valid(&validator(), &records[0], "ember's record");
     assert!(md.contains("PyTorch was left out"), "{md}");
+    // The training GFLOP/s and its fraction of the CPU's measured GEMM peak, in the table.
+    let row = md
+        .lines()
+        .find(|l| l.starts_with("| net64 "))
+        .expect("net64's row");
+    let last = row.trim_end_matches('|').rsplit('|').next().unwrap().trim();
+    assert!(
+        last.ends_with("%)"),
+        "GFLOP/s (% of peak) cell: {last:?} in {row}"
+    );
 }
