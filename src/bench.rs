@@ -383,11 +383,24 @@ impl BenchRecord {
             .unwrap_or_default()
             + &self
             .cpu_gemm_peak_gflops
-            .map(|peak| {
-                let gflops = self.achieved_tflops * 1e3;
-                format!("  {gflops:.0} GFLOP/s = {:.0}% of GEMM peak {peak:.0}", 100.0 * gflops / peak)
+            .zip(self.percent_of_peak())
+            .map(|(peak, percent)| {
+                let gflops = self.achieved_gflops();
+                format!("  {gflops:.0} GFLOP/s = {percent:.0}% of GEMM peak {peak:.0}")
             })
             .unwrap_or_default()
+    }
+
+    /// Training GFLOP/s.
+    pub fn achieved_gflops(&self) -> f64 {
+        self.achieved_tflops * 1e3
+    }
+
+    /// [`Self::achieved_gflops`] as a percentage of the CPU's measured f32 GEMM peak, where it
+    /// was measured.
+    pub fn percent_of_peak(&self) -> Option<f64> {
+        self.cpu_gemm_peak_gflops
+            .map(|peak| 100.0 * self.achieved_gflops() / peak)
     }
 }
 

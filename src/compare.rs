@@ -353,9 +353,9 @@ pub fn table(records: &[BenchRecord]) -> String {
             None => format!("{:.0}", mib(e.memory.peak_rss_bytes)),
         };
         // Training FLOP/s, as a fraction of the CPU's measured f32 GEMM peak where measured.
-        let gflops = e.achieved_tflops * 1e3;
-        let flops = match e.cpu_gemm_peak_gflops {
-            Some(peak) => format!("{gflops:.0} ({:.0}%)", 100.0 * gflops / peak),
+        let gflops = e.achieved_gflops();
+        let flops = match e.percent_of_peak() {
+            Some(percent) => format!("{gflops:.0} ({percent:.0}%)"),
             None => format!("{gflops:.0}"),
         };
         s += &format!(

@@ -498,6 +498,27 @@ fn as_stored(t: &Tensor<Fast, 1>) -> Tensor<burn::backend::NdArray<f64>, 1> {
     Tensor::from_data(t.clone().into_data().convert::<f64>(), &Default::default())
 }
 
+/// The reference's batch norm in inference (burn's ops in f64) with the statistics ember's
+/// training produced (`mean`, `var`, as stored), then `relu` if asked.
+fn reference_eval(
+    x: &Tensor<Reference, 4>,
+    mean: &Tensor<Fast, 1>,
+    var: &Tensor<Fast, 1>,
+    weight: &Tensor<Reference, 1>,
+    bias: &Tensor<Reference, 1>,
+    relu: bool,
+) -> Tensor<NdArray<f64>, 4> {
+    ember_kernels::batch_norm2d_eval(
+        x.clone().inner(),
+        as_stored(mean),
+        as_stored(var),
+        weight.clone().inner(),
+        bias.clone().inner(),
+        1e-5,
+        relu,
+    )
+}
+
 /// A batch norm's input, weight and bias gradients against the reference's, as `grad` returns
 /// them (`[batch, channels, h, w]`, `[channels]`, `[channels]`): dx is a
 /// difference of terms of the size of weight * dy / std (`r` the loss weights, `var` the
@@ -571,15 +592,7 @@ fn check_batch_norm(batch: usize, channels: usize, h: usize, w: usize, relu: boo
         1e-5,
         relu,
     );
-    let yr = batch_norm2d_eval(
-        xr.inner(),
-        as_stored(&mf),
-        as_stored(&vf),
-        wr.inner(),
-        br.inner(),
-        1e-5,
-        relu,
-    );
+    let yr = reference_eval(&xr, &mf, &vf, &wr, &br, relu);
     assert_close_at_scale(&format!("{what}: eval"), values(yf), values(yr), terms);
 }
 
@@ -600,9 +613,7 @@ proptest! {
 /// gradient, the residual's included; then in inference with those statistics.
 fn check_batch_norm_add_relu(batch: usize, channels: usize, h: usize, w: usize, seed: u64) {
     use burn::tensor::activation::relu;
-    use ember_kernels::{
-        batch_norm2d_add_relu_eval, batch_norm2d_add_relu_train, batch_norm2d_eval, batch_norm2d_train_stock,
-    };
+    use ember_kernels::{batch_norm2d_add_relu_eval, batch_norm2d_add_relu_train, batch_norm2d_train_stock};
     let dims = [batch, channels, h, w];
     let (xf, xr) = same_mapped(dims, seed, |v| v * 3.0 + 2.0);
     let (wf, wr) = same([channels], seed + 1);
@@ -643,16 +654,7 @@ fn check_batch_norm_add_relu(batch: usize, channels: usize, h: usize, w: usize, 
         sf.inner(),
         1e-5,
     );
-    let yr = batch_norm2d_eval(
-        xr.inner(),
-        as_stored(&mf),
-        as_stored(&vf),
-        wr.inner(),
-        br.inner(),
-        1e-5,
-        false,
-    );
-    let yr = relu(yr.add(sr.inner()));
+    let yr = relu(reference_eval(&xr, &mf, &vf, &wr, &br, false).add(sr.inner()));
     assert_close_at_scale(&format!("{what}: eval"), values(yf), values(yr), terms);
 }
 

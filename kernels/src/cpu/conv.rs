@@ -907,8 +907,9 @@ pub fn conv2d_backward<'o>(
     // The groups' partial sums in waves, added in group order as each wave ends: the same sums
     // as all the groups' at once. A wave is as many groups as fit in 16 MiB of partials, and at
     // least one per thread: ResNet-18's 512-channel layers then keep 2 partials of 9.4 MB alive
-    // instead of 7 (peak RSS -52 MiB), while small layers run all their groups in one wave
-    // (waves of one group per thread everywhere: its step 1-3% slower, 2 A/B runs).
+    // instead of 7 (its peak RSS 1587-1592 -> 1548-1550 MiB), while small layers run all their
+    // groups in one wave (waves of one group per thread everywhere saved 52 MiB but made its
+    // step 1-3% slower, 2 A/B runs).
     // The weight gradient's sum is transposed, [patch, o].
     let partial_bytes = 4 * s.weight_len() + 8 * o;
     let wave = ((16 << 20) / partial_bytes.max(1))

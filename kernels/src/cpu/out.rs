@@ -2,8 +2,8 @@
 //!
 //! A kernel's output used to be allocated as zeros ([`super::zeroed`]) and then overwritten: one
 //! pass over the whole buffer to write zeros to memory, and a second, the kernel's, to read the
-//! lines back and write the values. In a ResNet-20 training step the zeroing alone was ~12% of the
-//! profile (the threads' `repeat_n` collect), in its evaluation ~14%. An [`Out`] hands the kernel
+//! lines back and write the values. In a ResNet-20 training step the zeroing alone was ~10.5% of
+//! the profile (the threads' `repeat_n` collect), in its evaluation ~14%. An [`Out`] hands the kernel
 //! its output in parallel chunks instead, each zeroed by the thread that receives it just before
 //! it fills it, while the chunk is in that core's cache; a fresh buffer ([`fresh`]) is never
 //! written before that. The kernel sees zeros exactly as before, so its results are the same bits.
