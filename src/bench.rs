@@ -98,15 +98,29 @@ impl Scenario {
         }
     }
 
-    /// The scenario's images from the MNIST-format `data`: as they are, or for
-    /// [`Self::Resnet18_128`] each digit centred on a 32x32 canvas (2 pixels of background each
-    /// side) and repeated in three channels; `benches/pytorch/bench.py` builds the same.
+    /// The scenario's images from the MNIST-format `data`: only the ones its config trains and
+    /// tests on (its `limit_train` / `limit_test`; the rest are dropped, not held through the
+    /// run), as they are, or for [`Self::Resnet18_128`] each digit centred on a 32x32 canvas (2
+    /// pixels of background each side) and repeated in three channels;
+    /// `benches/pytorch/bench.py` slices and builds the same.
     pub fn images(self, mut data: Data) -> Data {
-        if self != Self::Resnet18_128 {
-            return data;
-        }
-        for split in [&mut data.train, &mut data.test] {
-            *split = colour_canvas(split, 32);
+        let config = self.config();
+        let limits = [
+            config.limit_train.map(|n| config.valid_size + n),
+            config.limit_test,
+        ];
+        for (split, limit) in [&mut data.train, &mut data.test].into_iter().zip(limits) {
+            if let Some(n) = limit.filter(|&n| n < split.len()) {
+                // A copy, not `truncate`: the rest's memory goes back.
+                *split = crate::data::Split {
+                    images: split.images[..n * split.shape.len()].to_vec(),
+                    labels: split.labels[..n].to_vec(),
+                    shape: split.shape,
+                };
+            }
+            if self == Self::Resnet18_128 {
+                *split = colour_canvas(split, 32);
+            }
         }
         data
     }
@@ -688,6 +702,33 @@ mod tests {
         let plane = [0, 0, 0, 0, 0, 1, 2, 0, 0, 3, 4, 0, 0, 0, 0, 0];
         assert_eq!(c.images, [plane, plane, plane].concat());
         assert_eq!(c.labels, [7]);
+    }
+
+    /// A scenario keeps only the images its config uses (the rest held through the run
+    /// counted in ResNet-18's peak RSS: 60,000 canvases, 184 MB, of which 10,000 are used).
+    #[test]
+    fn scenario_images_keep_only_the_limits() {
+        let split = |n: usize| crate::data::Split {
+            images: (0..n * 4).map(|v| v as u8).collect(),
+            labels: (0..n).map(|v| v as u16).collect(),
+            shape: crate::data::ImageShape {
+                channels: 1,
+                height: 2,
+                width: 2,
+            },
+        };
+        let data = || Data {
+            train: split(10_005),
+            test: split(1_002),
+            classes: (0..10).map(|c| c.to_string()).collect(),
+            report: Default::default(),
+        };
+        let r18 = Scenario::Resnet18_128.images(data());
+        assert_eq!((r18.train.len(), r18.test.len()), (10_000, 1_000));
+        assert_eq!(r18.train.shape.len(), 3 * 32 * 32);
+        assert_eq!(r18.train.labels[9_999], 9_999);
+        let net = Scenario::Net64.images(data());
+        assert_eq!((net.train, net.test), (data().train, data().test));
     }
 
     #[test]
