@@ -405,6 +405,36 @@ fn batch_norm_fwd(bencher: divan::Bencher, which: usize) {
     });
 }
 
+/// Inference's convolution, batch norm and ReLU at ResNet-20's and ResNet-18's first-stage
+/// shapes (`CONVS` 4 and 8): as two passes (the convolution, then the batch norm with the ReLU
+/// into a fresh output) or with the batch norm folded into the convolution's weights and bias
+/// (`nn::conv2d_affine`, what `BatchNorm2d::forward_conv` runs): one pass, the ReLU fused.
+#[divan::bench(args = [(4, false), (4, true), (8, false), (8, true)], sample_count = 20)]
+fn conv_bn_relu_eval(bencher: divan::Bencher, (which, folded): (usize, bool)) {
+    let (_, s, _) = CONVS[which];
+    let (x, w) = (ramp(s.batch * s.in_image()), ramp(s.weight_len()));
+    let (scale, shift) = (ramp(s.out_channels), ramp(s.out_channels));
+    let zeros = vec![0.0; s.out_channels];
+    let bn = BnShape {
+        batch: s.batch,
+        channels: s.out_channels,
+        plane: s.out_h() * s.out_w(),
+    };
+    let len = s.batch * s.out_image();
+    bencher
+        .counter(ItemsCount::new(s.forward_macs()))
+        .bench_local(|| {
+            if folded {
+                ember_kernels::cpu::fresh(len, |y| conv2d_forward(&s, &x, &w, Some(&shift), true, y))
+            } else {
+                let c = ember_kernels::cpu::fresh(len, |y| conv2d_forward(&s, &x, &w, None, false, y));
+                ember_kernels::cpu::fresh(len, |y| {
+                    normalise(&bn, &c, &zeros, &scale, &scale, &shift, true, y)
+                })
+            }
+        });
+}
+
 /// A residual block's end, `relu(normalise(x) + residual)` (training forward's second pass,
 /// and the whole of inference), into a fresh output as the model runs it: not zeroed ahead.
 #[divan::bench(args = [0, 1, 2, 3], sample_count = 20)]

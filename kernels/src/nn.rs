@@ -3,6 +3,7 @@
 //! Configurations the kernels do not cover (dilation, groups, `Same` or asymmetric padding,
 //! ceil mode) run the module's own `forward`.
 
+use burn::module::Param;
 use burn::nn::conv::Conv2d;
 use burn::nn::pool::MaxPool2d;
 use burn::nn::PaddingConfig2d;
@@ -40,7 +41,7 @@ fn options<B: Backend>(conv: &Conv2d<B>) -> Option<Conv2dOptions> {
 /// - `x`: `[batch, in_channels, h, w]`
 /// - output: `[batch, out_channels, h_out, w_out]`
 pub fn conv2d<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
-    apply(conv, x, None, false)
+    apply_own(conv, x, None, false)
 }
 
 /// `relu(conv.forward(x))` with the ReLU fused into the convolution on the kernels.
@@ -49,7 +50,7 @@ pub fn conv2d<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
 /// - `x`: `[batch, in_channels, h, w]`
 /// - output: `[batch, out_channels, h_out, w_out]`
 pub fn conv2d_relu<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
-    apply(conv, x, None, true)
+    apply_own(conv, x, None, true)
 }
 
 /// `conv.forward` on `x` padded by `pad` pixels on every side with copies of its border, like
@@ -60,7 +61,7 @@ pub fn conv2d_relu<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4
 /// - `x`: `[batch, in_channels, h, w]`
 /// - output: `[batch, out_channels, (h + 2 * pad - kh) / sh + 1, (w + 2 * pad - kw) / sw + 1]`
 pub fn conv2d_replicate<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>, pad: usize) -> Tensor<B, 4> {
-    apply(conv, x, Some(pad), false)
+    apply_own(conv, x, Some(pad), false)
 }
 
 /// [`conv2d_replicate`] followed by a ReLU, fused on the kernels.
@@ -68,12 +69,52 @@ pub fn conv2d_replicate<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>, pad: usiz
 /// # Shapes
 /// As [`conv2d_replicate`].
 pub fn conv2d_replicate_relu<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>, pad: usize) -> Tensor<B, 4> {
-    apply(conv, x, Some(pad), true)
+    apply_own(conv, x, Some(pad), true)
 }
 
-/// `conv` on `x` (replicate-padded by `replicate` pixels when given), then a ReLU when `relu`.
+/// `relu(conv.forward(x) * scale[c] + shift[c])` per output channel `c` (the ReLU when `relu`)
+/// as one convolution: `scale` folded into the weights, `shift` into the bias. This is an
+/// inference-mode batch norm after the convolution (`scale = weight / sqrt(running_var + eps)`,
+/// `shift = bias - running_mean * scale`) without a pass of its own over the output; the values
+/// differ from the two ops' by rounding only.
+///
+/// # Shapes
+/// - `x`: `[batch, in_channels, h, w]`; `scale`, `shift`: `[out_channels]`
+/// - output: `[batch, out_channels, h_out, w_out]`
+pub fn conv2d_affine<B: Backend>(
+    conv: &Conv2d<B>,
+    x: Tensor<B, 4>,
+    scale: Tensor<B, 1>,
+    shift: Tensor<B, 1>,
+    relu: bool,
+) -> Tensor<B, 4> {
+    let weight = conv.weight.val();
+    let [out_channels, ..] = weight.dims();
+    let weight = weight.mul(scale.clone().reshape([out_channels, 1, 1, 1]));
+    let bias = match &conv.bias {
+        Some(b) => b.val().mul(scale).add(shift),
+        None => shift,
+    };
+    apply(conv, weight, Some(bias), x, None, relu)
+}
+
+/// `conv` on `x` with its own weights and bias.
+fn apply_own<B: Backend>(
+    conv: &Conv2d<B>,
+    x: Tensor<B, 4>,
+    replicate: Option<usize>,
+    relu: bool,
+) -> Tensor<B, 4> {
+    let bias = conv.bias.as_ref().map(|b| b.val());
+    apply(conv, conv.weight.val(), bias, x, replicate, relu)
+}
+
+/// `conv`'s convolution with `weight` and `bias` in place of its own on `x` (replicate-padded
+/// by `replicate` pixels when given), then a ReLU when `relu`.
 fn apply<B: Backend>(
     conv: &Conv2d<B>,
+    weight: Tensor<B, 4>,
+    bias: Option<Tensor<B, 1>>,
     x: Tensor<B, 4>,
     replicate: Option<usize>,
     relu: bool,
@@ -90,6 +131,12 @@ fn apply<B: Backend>(
             Some(pad) => x.pad([(pad, pad), (pad, pad)], burn::tensor::ops::PadMode::Edge),
             None => x,
         };
+        let conv = Conv2d {
+            weight: Param::from_tensor(weight),
+            bias: bias.map(Param::from_tensor),
+            padding: conv.padding.clone(),
+            ..*conv
+        };
         return crate::relu_if(conv.forward(x), relu);
     };
     let options = match replicate {
@@ -101,7 +148,7 @@ fn apply<B: Backend>(
         None => options,
     };
     let options = if relu { options.with_relu() } else { options };
-    crate::conv2d(x, conv.weight.val(), conv.bias.as_ref().map(|b| b.val()), options)
+    crate::conv2d(x, weight, bias, options)
 }
 
 /// `layer.forward(x)`, through [`crate::linear`].

@@ -203,6 +203,91 @@ proptest! {
     }
 }
 
+/// An inference batch norm folded into the convolution before it (`nn::conv2d_affine`, what
+/// `BatchNorm2d::forward_conv` runs in evaluation) on the kernels' inference backend, against
+/// burn's convolution then batch norm, then the ReLU, in f64 (the same `f32` inputs and
+/// statistics; the scale and shift computed as the model computes them, in `f32`).
+fn check_conv_affine(case: &ConvCase, seed: u64) {
+    use burn::module::Param;
+    use burn::nn::{conv::Conv2d, PaddingConfig2d};
+    // burn's `Conv2d` pads with zeros only.
+    let case = &ConvCase {
+        mode: PadMode::Zeros,
+        ..case.clone()
+    };
+    let ConvCase {
+        batch,
+        in_channels,
+        out_channels,
+        h,
+        w,
+        kernel,
+        padding: [ph, pw],
+        ..
+    } = *case;
+    let inner = |(f, r): (Tensor<Fast, 1>, Tensor<Reference, 1>)| (f.inner(), r.inner());
+    let (x, x_ref) = same([batch, in_channels, h, w], seed);
+    let (wt, wt_ref) = same([out_channels, in_channels, kernel[0], kernel[1]], seed + 1);
+    let (b, b_ref) = inner(same([out_channels], seed + 2));
+    let (mean, mean_ref) = inner(same([out_channels], seed + 4));
+    let (var, var_ref) = inner(same_mapped([out_channels], seed + 5, |v| v.abs() + 0.05));
+    let (gamma, gamma_ref) = inner(same([out_channels], seed + 6));
+    let (beta, beta_ref) = inner(same([out_channels], seed + 7));
+    let conv = Conv2d {
+        weight: Param::from_tensor(wt.inner()),
+        bias: case.bias.then(|| Param::from_tensor(b)),
+        stride: case.stride,
+        kernel_size: kernel,
+        dilation: [1, 1],
+        groups: 1,
+        padding: PaddingConfig2d::Explicit(ph, pw, ph, pw),
+    };
+    let scale = gamma.div(var.add_scalar(1e-5).sqrt());
+    let shift = beta.sub(mean.mul(scale.clone()));
+    let y = ember_kernels::nn::conv2d_affine(&conv, x.inner(), scale, shift, case.relu);
+    let options = Conv2dOptions::new(case.stride, case.padding, PadMode::Zeros);
+    let conv_ref = conv2d_stock(x_ref.inner(), wt_ref.inner(), case.bias.then_some(b_ref), options);
+    let y_ref =
+        ember_kernels::batch_norm2d_eval(conv_ref, mean_ref, var_ref, gamma_ref, beta_ref, 1e-5, case.relu);
+    assert_close(&format!("{case:?} folded output"), values(y), values(y_ref));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(100))]
+    #[test]
+    fn conv2d_with_batch_norm_folded_matches_burn(case in conv_case(), seed in 0u64..1000) {
+        check_conv_affine(&case, seed);
+    }
+}
+
+/// [`check_conv_affine`] at ResNet-20's and ResNet-18's layers: 3x3 stride 1 and 2, the 1x1
+/// stride-2 projection, the stem.
+#[test]
+fn conv2d_with_batch_norm_folded_at_resnet_shapes_matches_burn() {
+    for (cin, cout, hw, k, stride, pad) in [
+        (1, 16, 28, 3, 1, 1),
+        (16, 16, 28, 3, 1, 1),
+        (16, 32, 28, 3, 2, 1),
+        (16, 32, 28, 1, 2, 0),
+        (64, 128, 16, 3, 2, 1),
+    ] {
+        let case = ConvCase {
+            batch: 2,
+            in_channels: cin,
+            out_channels: cout,
+            h: hw,
+            w: hw,
+            kernel: [k, k],
+            stride: [stride, stride],
+            padding: [pad, pad],
+            mode: PadMode::Zeros,
+            bias: false,
+            relu: true,
+        };
+        check_conv_affine(&case, 11);
+    }
+}
+
 /// Batches past 16 images: the weight gradient's groups then hold several images, which the
 /// backward unfolds side by side into one GEMM (as the forward does from two images up), with
 /// a shorter last chunk; the sweep above stops at batch 3.

@@ -8,7 +8,9 @@
 
 use burn::config::Config;
 use burn::module::{Module, Param, RunningState};
+use burn::nn::conv::Conv2d;
 use burn::tensor::{backend::Backend, Tensor};
+use ember_kernels::nn;
 
 #[derive(Config, Debug)]
 pub struct BatchNorm2dConfig {
@@ -108,6 +110,34 @@ impl<B: Backend> BatchNorm2d<B> {
         let (y, mean, var) = ember_kernels::batch_norm2d_relu_pool2_train(x, weight, bias, self.eps);
         self.update_running(count, mean, var);
         y
+    }
+
+    /// `self.forward(nn::conv2d(conv, x))`. In inference one convolution with this batch norm
+    /// folded into its weights and bias ([`nn::conv2d_affine`]): no pass of its own over the
+    /// output, values equal to the two ops' up to rounding.
+    ///
+    /// # Shapes
+    /// - `x`: `conv`'s input, `[batch, in_channels, h, w]`
+    /// - output: `[batch, channels, h_out, w_out]`
+    pub fn forward_conv(&self, conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        self.forward_conv_maybe_relu(conv, x, false)
+    }
+
+    /// `relu(self.forward_conv(conv, x))`, the ReLU fused into the convolution in inference.
+    pub fn forward_conv_relu(&self, conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        self.forward_conv_maybe_relu(conv, x, true)
+    }
+
+    fn forward_conv_maybe_relu(&self, conv: &Conv2d<B>, x: Tensor<B, 4>, relu: bool) -> Tensor<B, 4> {
+        if B::ad_enabled(&x.device()) {
+            return self.forward_maybe_relu(nn::conv2d(conv, x), relu);
+        }
+        let scale = self
+            .weight
+            .val()
+            .div(self.running_var.value().add_scalar(self.eps).sqrt());
+        let shift = self.bias.val().sub(self.running_mean.value().mul(scale.clone()));
+        nn::conv2d_affine(conv, x, scale, shift, relu)
     }
 
     /// Elements per channel of `x`.
@@ -224,6 +254,34 @@ mod tests {
             &reference::BN_EVAL,
             "eval",
         );
+    }
+
+    /// In inference the batch norm folds into the convolution before it: the same values as
+    /// the convolution then the batch norm (then the ReLU), up to rounding; in training
+    /// `forward_conv` is the two ops.
+    #[test]
+    fn forward_conv_folds_in_inference_only() {
+        use burn::nn::conv::Conv2dConfig;
+        use burn::nn::PaddingConfig2d;
+        let device = Default::default();
+        let mut bn = BatchNorm2dConfig::new(2).init::<TestAutodiff>(&device);
+        bn.weight = Param::from_tensor(Tensor::from_floats([1.5, -0.5], &device));
+        bn.bias = Param::from_tensor(Tensor::from_floats([0.1, 0.2], &device));
+        let conv = Conv2dConfig::new([2, 2], [3, 3])
+            .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+            .init::<TestAutodiff>(&device);
+        let x = values::<TestAutodiff>([3, 2, 4, 5], 1);
+        let trained = bn.forward_conv_relu(&conv, x.clone());
+        let unfused = bn.forward_relu(nn::conv2d(&conv, x.clone()));
+        trained.into_data().assert_eq(&unfused.into_data(), true);
+
+        let (bn, conv, x) = (bn.valid(), conv.valid(), x.inner());
+        for relu in [false, true] {
+            let folded = bn.forward_conv_maybe_relu(&conv, x.clone(), relu);
+            let two_ops = bn.forward_maybe_relu(nn::conv2d(&conv, x.clone()), relu);
+            let want: Vec<f64> = two_ops.into_data().convert::<f64>().to_vec().unwrap();
+            assert_close(folded, &want, &format!("folded, relu {relu}"));
+        }
     }
 
     /// The running statistics are state a checkpoint must keep.

@@ -68,10 +68,10 @@ impl<B: Backend> BasicBlock<B> {
     /// - `x`: `[batch, cin, h, w]`
     /// - output: `[batch, cout, ceil(h / stride), ceil(w / stride)]`
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let out = self.bn1.forward_relu(nn::conv2d(&self.conv1, x.clone()));
+        let out = self.bn1.forward_conv_relu(&self.conv1, x.clone());
         let out = nn::conv2d(&self.conv2, out);
         let identity = match &self.shortcut {
-            Some(p) => p.bn.forward(nn::conv2d(&p.conv, x)),
+            Some(p) => p.bn.forward_conv(&p.conv, x),
             None => x,
         };
         self.bn2.forward_add_relu(out, identity)
@@ -145,7 +145,7 @@ impl<B: Backend> Classifier<B> for ResNet<B> {
     /// - `images`: `[batch, in_channels, h, w]` (any size: the pooling is global)
     /// - output: `[batch, num_classes]`, logits
     fn forward(&self, images: Tensor<B, 4>) -> Tensor<B, 2> {
-        let mut x = self.bn1.forward_relu(nn::conv2d(&self.conv1, images)); // [batch, 16, 28, 28]
+        let mut x = self.bn1.forward_conv_relu(&self.conv1, images); // [batch, 16, 28, 28]
         for block in self.stages.iter().flatten() {
             x = block.forward(x); // ResNet-20 at 28x28: [batch, 16|32|64, 28|14|7, 28|14|7]
         }
