@@ -441,7 +441,7 @@ pub(crate) fn host_name() -> String {
 pub fn run<B: AutodiffBackend>(
     scenario: Scenario,
     settings: Settings,
-    data: &Data,
+    data: Data,
     device: &B::Device,
     info: &DeviceInfo,
     gpu: Option<GpuMonitor>,
@@ -459,7 +459,7 @@ pub fn run_model<B: AutodiffBackend, D: EmberModel>(
     model: &D,
     scenario: Scenario,
     settings: Settings,
-    data: &Data,
+    data: Data,
     device: &B::Device,
     info: &DeviceInfo,
     mut gpu: Option<GpuMonitor>,
@@ -470,7 +470,9 @@ where
     let mut config = scenario.config();
     config.model = crate::model::ModelName::new(model.name());
     let family = model;
-    let splits = Splits::<B::InnerBackend>::upload(data, &config, device).expect("valid split");
+    let splits = Splits::<B::InnerBackend>::upload(&data, &config, device).expect("valid split");
+    // As `ember train`: the host copy is not held through the run.
+    drop(data);
     let mut model = train::init::<B, D>(model, &config, device);
     let mut optim = config.optimizer.init::<B, _>();
     let untrained = eval_throughput(&model.valid(), &splits, settings.eval_repeats);

@@ -501,7 +501,7 @@ impl<D: EmberModel> ModelTask<D> for BenchJob {
             model,
             self.scenario,
             self.settings,
-            &self.data,
+            self.data,
             &device,
             &info,
             gpu,
