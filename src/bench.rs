@@ -111,12 +111,7 @@ impl Scenario {
         ];
         for (split, limit) in [&mut data.train, &mut data.test].into_iter().zip(limits) {
             if let Some(n) = limit.filter(|&n| n < split.len()) {
-                // A copy, not `truncate`: the rest's memory goes back.
-                *split = crate::data::Split {
-                    images: split.images[..n * split.shape.len()].to_vec(),
-                    labels: split.labels[..n].to_vec(),
-                    shape: split.shape,
-                };
+                *split = split.first(n);
             }
             if self == Self::Resnet18_128 {
                 *split = colour_canvas(split, 32);

@@ -281,6 +281,17 @@ impl Split {
         (self, rest)
     }
 
+    /// A copy of the first `n` examples (all of them if fewer), in allocations of their own:
+    /// unlike [`Self::truncate`], dropping `self` then gives the rest's memory back.
+    pub fn first(&self, n: usize) -> Split {
+        let n = n.min(self.len());
+        Split {
+            images: self.images[..n * self.shape.len()].to_vec(),
+            labels: self.labels[..n].to_vec(),
+            shape: self.shape,
+        }
+    }
+
     /// Keeps the first `n` examples.
     pub fn truncate(&mut self, n: usize) {
         self.images.truncate(n * self.shape.len());
