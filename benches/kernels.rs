@@ -5,9 +5,10 @@
 
 use divan::counter::ItemsCount;
 use ember_kernels::cpu::batch_norm::{
-    batch_norm_backward, batch_stats, inv_std, normalise, normalise_add_relu, to_f32, BnShape,
+    batch_norm_backward, batch_stats, combine_moments, inv_std, normalise, normalise_add_relu, to_f32,
+    BnShape, MapMoments,
 };
-use ember_kernels::cpu::conv::{conv2d_backward, conv2d_forward, ConvShape, PadMode};
+use ember_kernels::cpu::conv::{conv2d_backward, conv2d_forward, conv2d_forward_moments, ConvShape, PadMode};
 use ember_kernels::cpu::dropout::{dropout_backward, dropout_forward, DropoutMask};
 use ember_kernels::cpu::linear::{linear_backward, linear_forward, LinearShape};
 use ember_kernels::cpu::optim::{update, Rule};
@@ -431,6 +432,41 @@ fn conv_bn_relu_eval(bencher: divan::Bencher, (which, folded): (usize, bool)) {
                 ember_kernels::cpu::fresh(len, |y| {
                     normalise(&bn, &c, &zeros, &scale, &scale, &shift, true, y)
                 })
+            }
+        });
+}
+
+/// A convolution and the training statistics of the batch norm after it, at ResNet-20's first
+/// stage and the speedrun net's three blocks (`CONVS` 4, 9, 7, 10), into a fresh output as the
+/// models run it: the convolution then a pass over its output (`batch_stats`), or the moments
+/// of each map taken by the convolution as it writes the image (`conv2d_forward_moments`, then
+/// `combine_moments`).
+#[divan::bench(
+    args = [(4, false), (4, true), (9, false), (9, true), (7, false), (7, true), (10, false), (10, true)],
+    sample_count = 20
+)]
+fn conv_bn_stats(bencher: divan::Bencher, (which, moments): (usize, bool)) {
+    let (_, s, _) = CONVS[which];
+    let (x, w) = (ramp(s.batch * s.in_image()), ramp(s.weight_len()));
+    let bn = BnShape {
+        batch: s.batch,
+        channels: s.out_channels,
+        plane: s.pixels(),
+    };
+    let len = s.batch * s.out_image();
+    let mut maps = vec![MapMoments::default(); s.batch * s.out_channels];
+    bencher
+        .counter(ItemsCount::new(s.forward_macs()))
+        .bench_local(|| {
+            if moments {
+                let y = ember_kernels::cpu::fresh(len, |y| {
+                    conv2d_forward_moments(&s, &x, &w, None, false, y, &mut maps)
+                });
+                (y, combine_moments(&bn, &maps))
+            } else {
+                let y = ember_kernels::cpu::fresh(len, |y| conv2d_forward(&s, &x, &w, None, false, y));
+                let stats = batch_stats(&bn, &y);
+                (y, stats)
             }
         });
 }

@@ -17,10 +17,10 @@ use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 
 use crate::cpu;
 use crate::cpu::batch_norm::{
-    batch_norm_backward, batch_norm_relu_pool_backward, batch_stats, inv_std, normalise, normalise_add_relu,
-    normalise_relu_pool, to_f32, BnPoolShape, BnShape,
+    batch_norm_backward, batch_norm_relu_pool_backward, batch_stats, combine_moments, inv_std, normalise,
+    normalise_add_relu, normalise_relu_pool, to_f32, BnPoolShape, BnShape, MapMoments,
 };
-use crate::cpu::conv::{conv2d_backward, conv2d_forward, ConvShape};
+use crate::cpu::conv::{conv2d_backward, conv2d_forward, conv2d_forward_moments, ConvShape};
 use crate::cpu::dropout::{dropout_backward, dropout_forward, DropoutMask};
 use crate::cpu::linear::LinearShape;
 use crate::cpu::pool::{max_pool2d_backward, max_pool2d_forward, PoolShape};
@@ -77,15 +77,19 @@ fn conv_out_shape(s: &ConvShape) -> [usize; 4] {
     [s.batch, s.out_channels, s.out_h(), s.out_w()]
 }
 
+/// The convolution's output, and the moments of its maps into `moments` when given.
 fn conv_forward(
     x: &FlexTensor,
     w: &FlexTensor,
     b: Option<&FlexTensor>,
     s: &ConvShape,
     relu: bool,
+    moments: Option<&mut [MapMoments]>,
 ) -> FlexTensor {
-    let out = cpu::fresh(s.batch * s.out_image(), |out| {
-        conv2d_forward(s, f32s(x), f32s(w), b.map(f32s), relu, out)
+    let (x, w, b) = (f32s(x), f32s(w), b.map(f32s));
+    let out = cpu::fresh(s.batch * s.out_image(), |out| match moments {
+        Some(m) => conv2d_forward_moments(s, x, w, b, relu, out, m),
+        None => conv2d_forward(s, x, w, b, relu, out),
     });
     from_vec(out, conv_out_shape(s))
 }
@@ -102,12 +106,28 @@ pub(crate) fn conv2d<B: Backend>(
     if is_flex::<B>() {
         let (x, w) = (contiguous(flex_prim(x)), contiguous(flex_prim(w)));
         let b = b.map(|b| contiguous(flex_prim(b)));
-        let out = conv_forward(&x, &w, b.as_ref(), &s, relu);
+        let out = conv_forward(&x, &w, b.as_ref(), &s, relu, None);
         return back::<B, 4>(tensor::<Flex, 4>(out));
     }
     let (x, w) = (ad_prim(x), ad_prim(w));
     let b = b.map(ad_prim);
-    back::<B, 4>(tensor::<Ad, 4>(conv2d_autodiff(x, w, b, s, relu)))
+    back::<B, 4>(tensor::<Ad, 4>(conv2d_autodiff(x, w, b, s, relu, None)))
+}
+
+/// [`conv2d`] on autodiff flex, with the moments of the output's maps (`[batch, out_channels]`)
+/// for the batch norm that follows.
+pub(crate) fn conv2d_moments<B: Backend>(
+    x: Tensor<B, 4>,
+    w: Tensor<B, 4>,
+    b: Option<Tensor<B, 1>>,
+    s: ConvShape,
+    relu: bool,
+) -> (Tensor<B, 4>, Vec<MapMoments>) {
+    let mut moments = vec![MapMoments::default(); s.batch * s.out_channels];
+    let (x, w) = (ad_prim(x), ad_prim(w));
+    let b = b.map(ad_prim);
+    let y = conv2d_autodiff(x, w, b, s, relu, Some(&mut moments));
+    (back::<B, 4>(tensor::<Ad, 4>(y)), moments)
 }
 
 fn flex_prim<B: Backend, const D: usize>(t: Tensor<B, D>) -> FlexTensor {
@@ -197,14 +217,21 @@ impl Backward<Flex, 3> for ConvBackward {
     }
 }
 
-fn conv2d_autodiff(x: AdTensor, w: AdTensor, b: Option<AdTensor>, s: ConvShape, relu: bool) -> AdTensor {
+fn conv2d_autodiff(
+    x: AdTensor,
+    w: AdTensor,
+    b: Option<AdTensor>,
+    s: ConvShape,
+    relu: bool,
+    moments: Option<&mut [MapMoments]>,
+) -> AdTensor {
     let b = b.unwrap_or_else(|| zero_bias(s.out_channels));
     let (xp, wp, bp) = (
         contiguous(x.primitive),
         contiguous(w.primitive),
         contiguous(b.primitive),
     );
-    let out = conv_forward(&xp, &wp, Some(&bp), &s, relu);
+    let out = conv_forward(&xp, &wp, Some(&bp), &s, relu, moments);
     match ConvBackward
         .prepare::<NoCheckpointing>([x.node, w.node, b.node])
         .compute_bound()
@@ -555,6 +582,15 @@ fn batch_norm_grads(
     register(grads, node_b, db, [sh.channels]);
 }
 
+/// `(mean, biased variance)` per channel of `x`: from the moments of its maps when its
+/// convolution took them, else by a pass over it. The same values either way.
+fn stats_of(s: &BnShape, x: &FlexTensor, moments: Option<&[MapMoments]>) -> (Vec<f64>, Vec<f64>) {
+    match moments {
+        Some(m) => combine_moments(s, m),
+        None => batch_stats(s, f32s(x)),
+    }
+}
+
 /// Batch norm in training mode on backend `B` (flex or autodiff flex): the output and the
 /// batch's mean and biased variance (untracked).
 pub(crate) fn batch_norm_train<B: Backend>(
@@ -564,10 +600,11 @@ pub(crate) fn batch_norm_train<B: Backend>(
     shape: BnShape,
     eps: f64,
     relu: bool,
+    moments: Option<Vec<MapMoments>>,
 ) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
     let dims = x.dims();
     let forward = |x: &FlexTensor, w: &FlexTensor, b: &FlexTensor| {
-        let (mean, var) = batch_stats(&shape, f32s(x));
+        let (mean, var) = stats_of(&shape, x, moments.as_deref());
         let inv = inv_std(&var, eps);
         let y = cpu::fresh(shape.len(), |y| {
             normalise(
@@ -645,6 +682,7 @@ pub(crate) fn batch_norm_add_relu_train<B: Backend>(
     residual: Tensor<B, 4>,
     shape: BnShape,
     eps: f64,
+    moments: Option<Vec<MapMoments>>,
 ) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
     let dims = x.dims();
     let (x, w, b, r) = (ad_prim(x), ad_prim(weight), ad_prim(bias), ad_prim(residual));
@@ -654,7 +692,7 @@ pub(crate) fn batch_norm_add_relu_train<B: Backend>(
         contiguous(b.primitive),
         contiguous(r.primitive),
     );
-    let (mean, var) = batch_stats(&shape, f32s(&xp));
+    let (mean, var) = stats_of(&shape, &xp, moments.as_deref());
     let inv = inv_std(&var, eps);
     let y = cpu::fresh(shape.len(), |y| {
         normalise_add_relu(
@@ -828,10 +866,11 @@ pub(crate) fn batch_norm_relu_pool_train<B: Backend>(
     bias: Tensor<B, 1>,
     shape: BnPoolShape,
     eps: f64,
+    moments: Option<Vec<MapMoments>>,
 ) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
     let c = shape.channels;
     let stats = |x: &FlexTensor| {
-        let (mean, var) = batch_stats(&shape.bn(), f32s(x));
+        let (mean, var) = stats_of(&shape.bn(), x, moments.as_deref());
         let inv = inv_std(&var, eps);
         let tensors = (from_vec(to_f32(&mean), [c]), from_vec(to_f32(&var), [c]));
         (mean, inv, tensors)

@@ -260,6 +260,67 @@ pub fn conv2d_stock<B: Backend>(
     relu_if(y, options.relu)
 }
 
+/// A batch norm's input: a tensor and, when a convolution on the kernels has just written it
+/// ([`conv2d_moments`]), the moments of its maps taken as it was written, from which the batch
+/// norm's training statistics follow without a pass of their own over it. A plain tensor
+/// converts into one without moments.
+pub struct BnInput<B: Backend> {
+    x: Tensor<B, 4>,
+    /// `[batch, channels]` moments of exactly `x`'s maps (private: only the convolution that
+    /// wrote `x` makes them).
+    moments: Option<Vec<cpu::batch_norm::MapMoments>>,
+}
+
+impl<B: Backend> From<Tensor<B, 4>> for BnInput<B> {
+    fn from(x: Tensor<B, 4>) -> Self {
+        BnInput { x, moments: None }
+    }
+}
+
+impl<B: Backend> BnInput<B> {
+    /// The tensor.
+    pub fn tensor(&self) -> &Tensor<B, 4> {
+        &self.x
+    }
+
+    /// The tensor, without its moments.
+    pub fn into_tensor(self) -> Tensor<B, 4> {
+        self.x
+    }
+
+    /// Whether the moments of the tensor's maps came with it.
+    pub fn has_moments(&self) -> bool {
+        self.moments.is_some()
+    }
+}
+
+/// [`conv2d`] for a batch norm in training mode to follow: on the kernels (autodiff flex) the
+/// output comes with the moments of its maps, taken by the convolution while each image was in
+/// cache ([`cpu::conv::conv2d_forward_moments`]); elsewhere (and in inference, where a batch
+/// norm uses its running statistics) the plain output. The output's values are
+/// [`conv2d`]'s.
+///
+/// # Shapes
+/// As [`conv2d`].
+pub fn conv2d_moments<B: Backend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 4>,
+    bias: Option<Tensor<B, 1>>,
+    options: Conv2dOptions,
+) -> BnInput<B> {
+    #[cfg(feature = "flex")]
+    if uses_cpu_kernels::<B>() && flex::is_autodiff_flex::<B>() {
+        if let Some(shape) = conv_shape(&x, &weight, options) {
+            let (x, moments) = flex::conv2d_moments(x, weight, bias, shape, options.relu);
+            return BnInput {
+                x,
+                moments: Some(moments),
+            };
+        }
+    }
+    conv2d(x, weight, bias, options).into()
+}
+
 /// `x . weight + bias` in burn's `Linear` layout (`weight` is `[inputs, outputs]`; PyTorch's is
 /// its transpose), then a ReLU when `relu` (fused on the kernels).
 ///
@@ -356,18 +417,20 @@ fn bn_shape<B: Backend>(x: &Tensor<B, 4>, channels: usize) -> Option<BnShape> {
 /// - `x`: `[batch, channels, h, w]`; `weight`, `bias`: `[channels]`
 /// - output: `x`'s; mean and variance: `[channels]`
 pub fn batch_norm2d_train<B: Backend>(
-    x: Tensor<B, 4>,
+    x: impl Into<BnInput<B>>,
     weight: Tensor<B, 1>,
     bias: Tensor<B, 1>,
     eps: f64,
     relu: bool,
 ) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    let BnInput { x, moments } = x.into();
     #[cfg(feature = "flex")]
     if uses_cpu_kernels::<B>() && weight.dtype() == DType::F32 {
         if let Some(shape) = bn_shape(&x, weight.dims()[0]) {
-            return flex::batch_norm_train(x, weight, bias, shape, eps, relu);
+            return flex::batch_norm_train(x, weight, bias, shape, eps, relu, moments);
         }
     }
+    let _ = moments;
     batch_norm2d_train_stock(x, weight, bias, eps, relu)
 }
 
@@ -381,17 +444,20 @@ pub fn batch_norm2d_train<B: Backend>(
 /// - `x`, `residual`: `[batch, channels, h, w]`; `weight`, `bias`: `[channels]`
 /// - output: `x`'s; mean and variance: `[channels]`
 pub fn batch_norm2d_add_relu_train<B: Backend>(
-    x: Tensor<B, 4>,
+    x: impl Into<BnInput<B>>,
     weight: Tensor<B, 1>,
     bias: Tensor<B, 1>,
     residual: Tensor<B, 4>,
     eps: f64,
 ) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    let x = x.into();
     #[cfg(feature = "flex")]
     if uses_cpu_kernels::<B>() && !flex::is_flex::<B>() && weight.dtype() == DType::F32 {
-        if let Some(shape) = bn_shape(&x, weight.dims()[0]).filter(|_| residual.dims() == x.dims()) {
+        let dims = x.tensor().dims();
+        if let Some(shape) = bn_shape(x.tensor(), weight.dims()[0]).filter(|_| residual.dims() == dims) {
             if residual.dtype() == DType::F32 {
-                return flex::batch_norm_add_relu_train(x, weight, bias, residual, shape, eps);
+                let BnInput { x, moments } = x;
+                return flex::batch_norm_add_relu_train(x, weight, bias, residual, shape, eps, moments);
             }
         }
     }
@@ -441,15 +507,16 @@ fn bn_pool_shape<B: Backend>(x: &Tensor<B, 4>, channels: usize) -> Option<BnPool
 /// - `x`: `[batch, channels, h, w]`; `weight`, `bias`: `[channels]`
 /// - output: `[batch, channels, h / 2, w / 2]`; mean and variance: `[channels]`
 pub fn batch_norm2d_relu_pool2_train<B: Backend>(
-    x: Tensor<B, 4>,
+    x: impl Into<BnInput<B>>,
     weight: Tensor<B, 1>,
     bias: Tensor<B, 1>,
     eps: f64,
 ) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    let x = x.into();
     #[cfg(feature = "flex")]
     if uses_cpu_kernels::<B>() && weight.dtype() == DType::F32 {
-        if let Some(shape) = bn_pool_shape(&x, weight.dims()[0]) {
-            return flex::batch_norm_relu_pool_train(x, weight, bias, shape, eps);
+        if let Some(shape) = bn_pool_shape(&x.x, weight.dims()[0]) {
+            return flex::batch_norm_relu_pool_train(x.x, weight, bias, shape, eps, x.moments);
         }
     }
     let (y, mean, var) = batch_norm2d_train(x, weight, bias, eps, true);

@@ -11,7 +11,7 @@ use burn::nn::{Dropout, Linear};
 use burn::tensor::backend::Backend;
 use burn::tensor::Tensor;
 
-use crate::{Conv2dOptions, PadMode};
+use crate::{BnInput, Conv2dOptions, PadMode};
 
 /// Symmetric padding of `config`, if it is symmetric and does not depend on the input size.
 fn symmetric(config: &PaddingConfig2d) -> Option<[usize; 2]> {
@@ -42,6 +42,21 @@ fn options<B: Backend>(conv: &Conv2d<B>) -> Option<Conv2dOptions> {
 /// - output: `[batch, out_channels, h_out, w_out]`
 pub fn conv2d<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
     apply_own(conv, x, None, false)
+}
+
+/// `conv.forward(x)` for a batch norm in training mode to follow: on the kernels with the
+/// moments of the output's maps ([`crate::conv2d_moments`]), so that the batch norm's statistics
+/// need no pass of their own.
+///
+/// # Shapes
+/// As [`conv2d`].
+pub fn conv2d_moments<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> BnInput<B> {
+    match options(conv) {
+        Some(options) => {
+            crate::conv2d_moments(x, conv.weight.val(), conv.bias.as_ref().map(|b| b.val()), options)
+        }
+        None => conv2d(conv, x).into(),
+    }
 }
 
 /// `relu(conv.forward(x))` with the ReLU fused into the convolution on the kernels.

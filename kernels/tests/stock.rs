@@ -845,3 +845,140 @@ fn other_checkpointing_is_not_served_silently() {
         assert!(ember_kernels::uses_cpu_kernels::<Autodiff<Flex>>());
     }
 }
+
+/// Which training-mode batch norm follows a convolution.
+#[derive(Clone, Copy, Debug)]
+enum BatchNormAfter {
+    Plain { relu: bool },
+    AddRelu,
+    ReluPool2,
+}
+
+/// A convolution whose output comes with the moments of its maps (`conv2d_moments`), then a
+/// batch norm that takes its statistics from them, against the same convolution (`conv2d`) and
+/// the batch norm's own pass over its output: the same bits in the output, the statistics and
+/// every gradient (input, convolution weight and bias, batch norm weight and bias, residual).
+/// Each of the two is tested against burn's stock ops above, so this extends to them; with
+/// `against_burn` the statistics are also checked against those of burn's convolution in f64
+/// (at shapes where they are well conditioned: a variance of a few values can be smaller than
+/// the convolution's `f32` rounding).
+fn check_conv_moments(case: &ConvCase, after: BatchNormAfter, seed: u64, against_burn: bool) {
+    use ember_kernels::{
+        batch_norm2d_add_relu_train, batch_norm2d_relu_pool2_train, batch_norm2d_train, conv2d_moments,
+    };
+    let ConvCase {
+        batch,
+        in_channels,
+        out_channels,
+        h,
+        w,
+        kernel,
+        ..
+    } = *case;
+    let options = Conv2dOptions::new(case.stride, case.padding, case.mode);
+    let options = if case.relu { options.with_relu() } else { options };
+    let (x, x_ref) = same_mapped([batch, in_channels, h, w], seed, |v| v + 0.5);
+    let (wt, wt_ref) = same([out_channels, in_channels, kernel[0], kernel[1]], seed + 1);
+    let (b, b_ref) = same([out_channels], seed + 2);
+    let (g, _) = same([out_channels], seed + 4);
+    let (beta, _) = same([out_channels], seed + 5);
+    let run = |moments: bool| {
+        let y = if moments {
+            conv2d_moments(x.clone(), wt.clone(), case.bias.then(|| b.clone()), options)
+        } else {
+            conv2d(x.clone(), wt.clone(), case.bias.then(|| b.clone()), options).into()
+        };
+        assert_eq!(y.has_moments(), moments, "{case:?}: moments taken");
+        let dims = y.tensor().dims();
+        let (residual, _) = same(dims, seed + 6);
+        let (z, mean, var) = match after {
+            BatchNormAfter::Plain { relu } => batch_norm2d_train(y, g.clone(), beta.clone(), 1e-5, relu),
+            BatchNormAfter::AddRelu => {
+                batch_norm2d_add_relu_train(y, g.clone(), beta.clone(), residual.clone(), 1e-5)
+            }
+            BatchNormAfter::ReluPool2 => batch_norm2d_relu_pool2_train(y, g.clone(), beta.clone(), 1e-5),
+        };
+        let (r, _) = same(z.dims(), seed + 7);
+        let grads = (z.clone() * r.detach()).sum().backward();
+        let mut all = vec![values(z), values(mean.clone()), values(var.clone())];
+        for t in [x.grad(&grads), residual.grad(&grads)] {
+            all.extend(t.map(values));
+        }
+        all.extend(wt.grad(&grads).map(values));
+        for t in [b.grad(&grads), g.grad(&grads), beta.grad(&grads)] {
+            all.extend(t.map(values));
+        }
+        (all, values(mean), values(var))
+    };
+    let ((with, mean, var), (without, ..)) = (run(true), run(false));
+    assert_eq!(with.len(), without.len(), "{case:?} {after:?}: tensors");
+    for (i, (a, b)) in with.iter().zip(&without).enumerate() {
+        let bits = |v: &Vec<f64>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert!(
+            bits(a) == bits(b),
+            "{case:?} {after:?}: tensor {i} differs with the convolution's moments"
+        );
+    }
+    if against_burn {
+        let y_ref = conv2d_stock(x_ref, wt_ref, case.bias.then_some(b_ref), options).inner();
+        let [n, c, oh, ow] = y_ref.dims();
+        let per_channel = y_ref.swap_dims(0, 1).reshape([c, n * oh * ow]);
+        let mean_ref = per_channel.clone().mean_dim(1);
+        let var_ref = per_channel.sub(mean_ref.clone()).square().mean_dim(1);
+        assert_close(&format!("{case:?}: mean"), mean, values(mean_ref));
+        assert_close(&format!("{case:?}: var"), var, values(var_ref));
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(60))]
+    #[test]
+    fn conv2d_moments_give_the_batch_norms_bits(
+        case in conv_case(), seed in 0u64..1000, which in 0usize..4,
+    ) {
+        let after = [
+            BatchNormAfter::Plain { relu: false },
+            BatchNormAfter::Plain { relu: true },
+            BatchNormAfter::AddRelu,
+            BatchNormAfter::ReluPool2,
+        ][which];
+        check_conv_moments(&case, after, seed, false);
+    }
+}
+
+/// [`check_conv_moments`] where the models call it: each of the convolution's paths (the direct
+/// kernel for one input channel, im2col per image from 512 pixels up, small images unfolded side
+/// by side, the 1x1 projection, Winograd from 64 channels and 8 pixels a side), batches past one
+/// group; and the statistics against burn's convolution in f64.
+#[test]
+fn conv_moments_at_model_shapes_match() {
+    use BatchNormAfter::*;
+    for (i, (batch, cin, cout, hw, k, stride, pad, after)) in [
+        (5, 1, 32, 28, 3, 1, 1, ReluPool2),              // speedrun block 1
+        (5, 32, 64, 14, 3, 1, 1, ReluPool2),             // speedrun block 2
+        (40, 64, 128, 7, 3, 1, 1, ReluPool2),            // speedrun block 3, several groups
+        (3, 1, 16, 28, 3, 1, 1, Plain { relu: true }),   // ResNet-20 stem
+        (3, 16, 16, 28, 3, 1, 1, AddRelu),               // ResNet-20 stage 1
+        (3, 16, 32, 28, 1, 2, 0, Plain { relu: false }), // projection
+        (3, 64, 64, 8, 3, 1, 1, AddRelu),                // Winograd
+        (2, 8, 8, 24, 3, 1, 1, Plain { relu: true }),    // im2col per image
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let case = ConvCase {
+            batch,
+            in_channels: cin,
+            out_channels: cout,
+            h: hw,
+            w: hw,
+            kernel: [k, k],
+            stride: [stride, stride],
+            padding: [pad, pad],
+            mode: PadMode::Zeros,
+            bias: i % 2 == 0,
+            relu: false,
+        };
+        check_conv_moments(&case, after, 31 + i as u64, true);
+    }
+}

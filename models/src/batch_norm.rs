@@ -10,7 +10,7 @@ use burn::config::Config;
 use burn::module::{Module, Param, RunningState};
 use burn::nn::conv::Conv2d;
 use burn::tensor::{backend::Backend, Tensor};
-use ember_kernels::nn;
+use ember_kernels::{nn, BnInput};
 
 #[derive(Config, Debug)]
 pub struct BatchNorm2dConfig {
@@ -83,12 +83,42 @@ impl<B: Backend> BatchNorm2d<B> {
     /// - `x`, `residual`: `[batch, channels, height, width]`
     /// - output: the same
     pub fn forward_add_relu(&self, x: Tensor<B, 4>, residual: Tensor<B, 4>) -> Tensor<B, 4> {
-        let (weight, bias) = (self.weight.val(), self.bias.val());
-        if !B::ad_enabled(&x.device()) {
-            let (mean, var) = (self.running_mean.value(), self.running_var.value());
-            return ember_kernels::batch_norm2d_add_relu_eval(x, mean, var, weight, bias, residual, self.eps);
+        self.add_relu(x.into(), residual)
+    }
+
+    /// `self.forward_add_relu(nn::conv2d(conv, x), residual)`; in training the convolution takes
+    /// the moments of its output for the batch norm's statistics ([`nn::conv2d_moments`]).
+    ///
+    /// # Shapes
+    /// - `x`: `conv`'s input, `[batch, in_channels, h, w]`
+    /// - `residual`, output: `[batch, channels, h_out, w_out]`
+    pub fn forward_conv_add_relu(
+        &self,
+        conv: &Conv2d<B>,
+        x: Tensor<B, 4>,
+        residual: Tensor<B, 4>,
+    ) -> Tensor<B, 4> {
+        if B::ad_enabled(&x.device()) {
+            return self.add_relu(nn::conv2d_moments(conv, x), residual);
         }
-        let count = Self::count(&x);
+        self.forward_add_relu(nn::conv2d(conv, x), residual)
+    }
+
+    fn add_relu(&self, x: BnInput<B>, residual: Tensor<B, 4>) -> Tensor<B, 4> {
+        let (weight, bias) = (self.weight.val(), self.bias.val());
+        if !B::ad_enabled(&x.tensor().device()) {
+            let (mean, var) = (self.running_mean.value(), self.running_var.value());
+            return ember_kernels::batch_norm2d_add_relu_eval(
+                x.into_tensor(),
+                mean,
+                var,
+                weight,
+                bias,
+                residual,
+                self.eps,
+            );
+        }
+        let count = Self::count(x.tensor());
         let (y, mean, var) = ember_kernels::batch_norm2d_add_relu_train(x, weight, bias, residual, self.eps);
         self.update_running(count, mean, var);
         y
@@ -101,20 +131,46 @@ impl<B: Backend> BatchNorm2d<B> {
     /// - `x`: `[batch, channels, height, width]`
     /// - output: `[batch, channels, height / 2, width / 2]`
     pub fn forward_relu_pool2(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let (weight, bias) = (self.weight.val(), self.bias.val());
-        if !B::ad_enabled(&x.device()) {
-            let (mean, var) = (self.running_mean.value(), self.running_var.value());
-            return ember_kernels::batch_norm2d_relu_pool2_eval(x, mean, var, weight, bias, self.eps);
+        self.relu_pool2(x.into())
+    }
+
+    /// `self.forward_relu_pool2(nn::conv2d(conv, x))`; in training the convolution takes the
+    /// moments of its output for the batch norm's statistics ([`nn::conv2d_moments`]).
+    ///
+    /// # Shapes
+    /// - `x`: `conv`'s input, `[batch, in_channels, h, w]`
+    /// - output: `[batch, channels, h_out / 2, w_out / 2]`
+    pub fn forward_conv_relu_pool2(&self, conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
+        if B::ad_enabled(&x.device()) {
+            return self.relu_pool2(nn::conv2d_moments(conv, x));
         }
-        let count = Self::count(&x);
+        self.forward_relu_pool2(nn::conv2d(conv, x))
+    }
+
+    fn relu_pool2(&self, x: BnInput<B>) -> Tensor<B, 4> {
+        let (weight, bias) = (self.weight.val(), self.bias.val());
+        if !B::ad_enabled(&x.tensor().device()) {
+            let (mean, var) = (self.running_mean.value(), self.running_var.value());
+            return ember_kernels::batch_norm2d_relu_pool2_eval(
+                x.into_tensor(),
+                mean,
+                var,
+                weight,
+                bias,
+                self.eps,
+            );
+        }
+        let count = Self::count(x.tensor());
         let (y, mean, var) = ember_kernels::batch_norm2d_relu_pool2_train(x, weight, bias, self.eps);
         self.update_running(count, mean, var);
         y
     }
 
-    /// `self.forward(nn::conv2d(conv, x))`. In inference one convolution with this batch norm
-    /// folded into its weights and bias ([`nn::conv2d_affine`]): no pass of its own over the
-    /// output, values equal to the two ops' up to rounding.
+    /// `self.forward(nn::conv2d(conv, x))`. In training the convolution takes the moments of
+    /// its output maps for this batch norm's statistics ([`nn::conv2d_moments`]: the same
+    /// bits, without a pass over the output for them); in inference one convolution with this
+    /// batch norm folded into its weights and bias ([`nn::conv2d_affine`]): no pass of its own
+    /// over the output, values equal to the two ops' up to rounding.
     ///
     /// # Shapes
     /// - `x`: `conv`'s input, `[batch, in_channels, h, w]`
@@ -130,7 +186,7 @@ impl<B: Backend> BatchNorm2d<B> {
 
     fn forward_conv_maybe_relu(&self, conv: &Conv2d<B>, x: Tensor<B, 4>, relu: bool) -> Tensor<B, 4> {
         if B::ad_enabled(&x.device()) {
-            return self.forward_maybe_relu(nn::conv2d(conv, x), relu);
+            return self.forward_maybe_relu(nn::conv2d_moments(conv, x), relu);
         }
         let scale = self
             .weight
@@ -146,13 +202,22 @@ impl<B: Backend> BatchNorm2d<B> {
         (batch * height * width) as f64
     }
 
-    fn forward_maybe_relu(&self, x: Tensor<B, 4>, relu: bool) -> Tensor<B, 4> {
+    fn forward_maybe_relu(&self, x: impl Into<BnInput<B>>, relu: bool) -> Tensor<B, 4> {
+        let x = x.into();
         let (weight, bias) = (self.weight.val(), self.bias.val());
-        if !B::ad_enabled(&x.device()) {
+        if !B::ad_enabled(&x.tensor().device()) {
             let (mean, var) = (self.running_mean.value(), self.running_var.value());
-            return ember_kernels::batch_norm2d_eval(x, mean, var, weight, bias, self.eps, relu);
+            return ember_kernels::batch_norm2d_eval(
+                x.into_tensor(),
+                mean,
+                var,
+                weight,
+                bias,
+                self.eps,
+                relu,
+            );
         }
-        let count = Self::count(&x);
+        let count = Self::count(x.tensor());
         let (y, mean, var) = ember_kernels::batch_norm2d_train(x, weight, bias, self.eps, relu);
         self.update_running(count, mean, var);
         y
@@ -282,6 +347,55 @@ mod tests {
             let want: Vec<f64> = two_ops.into_data().convert::<f64>().to_vec().unwrap();
             assert_close(folded, &want, &format!("folded, relu {relu}"));
         }
+    }
+
+    /// `forward_conv_relu_pool2` and `forward_conv_add_relu` are the convolution then
+    /// `forward_relu_pool2` / `forward_add_relu`, in training (output and running statistics)
+    /// and in inference.
+    #[test]
+    fn conv_entry_points_are_the_two_ops() {
+        use burn::nn::conv::Conv2dConfig;
+        use burn::nn::PaddingConfig2d;
+        let device = Default::default();
+        let conv = Conv2dConfig::new([2, 3], [3, 3])
+            .with_padding(PaddingConfig2d::Explicit(1, 1, 1, 1))
+            .init::<TestAutodiff>(&device);
+        let x = values::<TestAutodiff>([3, 2, 4, 6], 1);
+        let residual = values::<TestAutodiff>([3, 3, 4, 6], 2);
+        let bn = || BatchNorm2dConfig::new(3).init::<TestAutodiff>(&device);
+        let same = |a: Tensor<TestAutodiff, 4>,
+                    b: Tensor<TestAutodiff, 4>,
+                    x: &BatchNorm2d<TestAutodiff>,
+                    y: &BatchNorm2d<TestAutodiff>| {
+            a.into_data().assert_eq(&b.into_data(), true);
+            x.running_var
+                .value()
+                .into_data()
+                .assert_eq(&y.running_var.value().into_data(), true);
+            x.running_mean
+                .value()
+                .into_data()
+                .assert_eq(&y.running_mean.value().into_data(), true);
+        };
+        let (a, b) = (bn(), bn());
+        let fused = a.forward_conv_relu_pool2(&conv, x.clone());
+        let two_ops = b.forward_relu_pool2(nn::conv2d(&conv, x.clone()));
+        same(fused, two_ops, &a, &b);
+        let (a, b) = (bn(), bn());
+        let fused = a.forward_conv_add_relu(&conv, x.clone(), residual.clone());
+        let two_ops = b.forward_add_relu(nn::conv2d(&conv, x.clone()), residual.clone());
+        same(fused, two_ops, &a, &b);
+        let (a, conv, x, residual) = (a.valid(), conv.valid(), x.inner(), residual.inner());
+        a.forward_conv_relu_pool2(&conv, x.clone()).into_data().assert_eq(
+            &a.forward_relu_pool2(nn::conv2d(&conv, x.clone())).into_data(),
+            true,
+        );
+        a.forward_conv_add_relu(&conv, x.clone(), residual.clone())
+            .into_data()
+            .assert_eq(
+                &a.forward_add_relu(nn::conv2d(&conv, x), residual).into_data(),
+                true,
+            );
     }
 
     /// The running statistics are state a checkpoint must keep.

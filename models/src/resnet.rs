@@ -69,12 +69,12 @@ impl<B: Backend> BasicBlock<B> {
     /// - output: `[batch, cout, ceil(h / stride), ceil(w / stride)]`
     pub fn forward(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let out = self.bn1.forward_conv_relu(&self.conv1, x.clone());
-        let out = nn::conv2d(&self.conv2, out);
+
         let identity = match &self.shortcut {
             Some(p) => p.bn.forward_conv(&p.conv, x),
             None => x,
         };
-        self.bn2.forward_add_relu(out, identity)
+        self.bn2.forward_conv_add_relu(&self.conv2, out, identity)
     }
 }
 

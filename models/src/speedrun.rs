@@ -40,11 +40,10 @@ impl<B: Backend> ConvBlock<B> {
     }
 
     fn forward(&self, x: Tensor<B, 4>, pool: &MaxPool2d) -> Tensor<B, 4> {
-        let x = nn::conv2d(&self.conv, x);
         if is_pool2(pool) {
-            return self.bn.forward_relu_pool2(x);
+            return self.bn.forward_conv_relu_pool2(&self.conv, x);
         }
-        nn::max_pool2d(pool, self.bn.forward_relu(x))
+        nn::max_pool2d(pool, self.bn.forward_relu(nn::conv2d(&self.conv, x)))
     }
 }
 

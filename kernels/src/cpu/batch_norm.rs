@@ -76,29 +76,68 @@ fn each<T>(n: usize, mut f: impl FnMut(usize) -> T) -> Vec<T> {
     v
 }
 
-/// `(mean, biased variance)` of each channel of `x`, in `f64`.
+/// One map's mean and sum of squared deviations from it (`f64`), as [`batch_stats`] combines
+/// them: [`map_moments`] of a map, [`combine_moments`] of a batch of them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct MapMoments {
+    pub mean: f64,
+    pub m2: f64,
+}
+
+/// The moments of one map, taken while it is in cache: two passes over it in `f64` lane sums.
+#[inline(always)]
+fn map_moments(m: &[f32]) -> MapMoments {
+    let mean = lane_sum(m, |v| v) / m.len() as f64;
+    MapMoments {
+        mean,
+        m2: lane_sum(m, |v| (v - mean) * (v - mean)),
+    }
+}
+
+/// The moments of each of `moments.len()` maps of `plane` elements laid out one after the other
+/// in `maps` (one image's channels): what a kernel that has just written an image (still in
+/// cache) hands on to [`combine_moments`], with the same values as [`batch_stats`] takes.
 ///
-/// One pass over memory: each map's mean and sum of squared deviations are taken while it is in
-/// cache (two passes over the map, in `f64` lane sums), and the maps of a channel are combined
-/// in image order (Chan et al.'s pairwise update), exact to rounding and independent of the
-/// thread count.
-pub fn batch_stats(s: &BnShape, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
-    assert_eq!(x.len(), s.len(), "batch norm: input length");
-    let plane = s.plane as f64;
-    let maps = per_map(
-        s,
-        x,
-        #[inline(always)]
-        |m| {
-            let mean = lane_sum(m, |v| v) / plane;
-            (mean, lane_sum(m, |v| (v - mean) * (v - mean)))
-        },
+/// # Panics
+/// If `maps` is not `moments.len() * plane` long.
+pub fn image_moments(plane: usize, maps: &[f32], moments: &mut [MapMoments]) {
+    assert_eq!(
+        maps.len(),
+        moments.len() * plane,
+        "batch norm: moments of an image"
     );
+    if plane == 0 {
+        // No elements: `batch_stats`' NaN, whatever the combination.
+        moments.fill(MapMoments::default());
+        return;
+    }
+    wide(
+        #[inline(always)]
+        || {
+            for (m, map) in moments.iter_mut().zip(maps.chunks_exact(plane)) {
+                *m = map_moments(map);
+            }
+        },
+    )
+}
+
+/// `(mean, biased variance)` of each channel from the moments of its maps, `moments[image *
+/// channels + channel]`, combined in image order (Chan et al.'s pairwise update): exact to
+/// rounding and independent of how the maps were taken.
+///
+/// # Panics
+/// If there are not `s.batch * s.channels` moments.
+pub fn combine_moments(s: &BnShape, moments: &[MapMoments]) -> (Vec<f64>, Vec<f64>) {
+    assert_eq!(moments.len(), s.batch * s.channels, "batch norm: moments length");
+    let plane = s.plane as f64;
     let (mut means, mut vars) = (vec![0.0; s.channels], vec![0.0; s.channels]);
     for c in 0..s.channels {
         let (mut n, mut mean, mut m2) = (0.0f64, 0.0f64, 0.0f64);
         for i in 0..s.batch {
-            let (mean_b, m2_b) = maps[i * s.channels + c];
+            let MapMoments {
+                mean: mean_b,
+                m2: m2_b,
+            } = moments[i * s.channels + c];
             let total = n + plane;
             let delta = mean_b - mean;
             mean += delta * plane / total;
@@ -109,6 +148,17 @@ pub fn batch_stats(s: &BnShape, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
         vars[c] = if n > 0.0 { m2 / n } else { f64::NAN };
     }
     (means, vars)
+}
+
+/// `(mean, biased variance)` of each channel of `x`, in `f64`.
+///
+/// One pass over memory: each map's moments are taken while it is in cache ([`map_moments`]),
+/// and the maps of a channel are combined in image order ([`combine_moments`]), exact to
+/// rounding and independent of the thread count.
+pub fn batch_stats(s: &BnShape, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
+    assert_eq!(x.len(), s.len(), "batch norm: input length");
+    let maps = per_map(s, x, map_moments);
+    combine_moments(s, &maps)
 }
 
 /// `1 / sqrt(var + eps)` per channel.

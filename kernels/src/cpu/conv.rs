@@ -13,6 +13,7 @@
 
 use rayon::prelude::*;
 
+use super::batch_norm::{image_moments, MapMoments};
 use super::out::OutChunk;
 use super::scratch::with_scratch;
 use super::{gemm, lane_sum, out_len, relu_in_place, relu_mask, transpose, Gemm, Out};
@@ -582,7 +583,46 @@ pub fn conv2d_forward<'o>(
     relu: bool,
     out: impl Into<Out<'o>>,
 ) {
-    let out = out.into();
+    forward(s, x, weight, bias, relu, out.into(), None)
+}
+
+/// [`conv2d_forward`], and the [`MapMoments`] of each output map (`[batch, out_channels]`, what
+/// [`super::batch_norm::batch_stats`] takes of a batch norm's input) taken as each image is
+/// written, while it is in cache: a batch norm after the convolution then needs no pass of its
+/// own over the output for its statistics ([`super::batch_norm::combine_moments`]).
+///
+/// # Shapes
+/// As [`conv2d_forward`]; `moments`: `[batch, out_channels]`, overwritten.
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_forward_moments<'o>(
+    s: &ConvShape,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+    out: impl Into<Out<'o>>,
+    moments: &mut [MapMoments],
+) {
+    assert_eq!(moments.len(), s.batch * s.out_channels, "conv2d: moments length");
+    forward(s, x, weight, bias, relu, out.into(), Some(moments))
+}
+
+/// The moments of each of the images in `out` (consecutive output images) into `moments`.
+fn moments_of(s: &ConvShape, out: &[f32], moments: Option<&mut [MapMoments]>) {
+    if let Some(moments) = moments {
+        image_moments(s.pixels(), out, moments);
+    }
+}
+
+fn forward(
+    s: &ConvShape,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+    out: Out<'_>,
+    moments: Option<&mut [MapMoments]>,
+) {
     assert!(s.is_valid(), "conv2d: invalid shapes {s:?}");
     assert_eq!(x.len(), s.batch * s.in_image(), "conv2d: input length");
     assert_eq!(weight.len(), s.weight_len(), "conv2d: weight length");
@@ -599,13 +639,15 @@ pub fn conv2d_forward<'o>(
         return x
             .par_chunks(n * s.in_image())
             .zip(out.par_chunks_mut(n * s.out_image()))
-            .for_each(|(x, out)| {
+            .zip(moment_chunks(s, moments, n))
+            .for_each(|((x, out), moments)| {
                 let planes = winograd::Planes {
                     data: x,
                     image: s.in_image(),
                     channel: s.in_h * s.in_w,
                 };
-                winograd::convolve(s, &u, planes, x.len() / s.in_image(), bias, relu, out)
+                winograd::convolve(s, &u, planes, x.len() / s.in_image(), bias, relu, out);
+                moments_of(s, out, moments);
             });
     }
     let direct = direct(s).map(|cpu| {
@@ -645,7 +687,11 @@ pub fn conv2d_forward<'o>(
         return x
             .par_chunks(s.in_image())
             .zip(out.par_chunks_mut(s.out_image()))
-            .for_each(image);
+            .zip(moment_chunks(s, moments, 1))
+            .for_each(|((x, out), moments)| {
+                image((x, &mut *out));
+                moments_of(s, out, moments);
+            });
     }
     // Small images: `together` of them unfolded side by side, one GEMM, then each image's
     // columns (plus the bias, ReLU'd) into its place.
@@ -674,7 +720,26 @@ pub fn conv2d_forward<'o>(
     };
     x.par_chunks(together * s.in_image())
         .zip(out.par_chunks_mut(together * s.out_image()))
-        .for_each(group);
+        .zip(moment_chunks(s, moments, together))
+        .for_each(|((x, out), moments)| {
+            group((x, &mut *out));
+            moments_of(s, out, moments);
+        });
+}
+
+/// `moments` in chunks of `images` images' maps, to zip with the output's chunks of as many
+/// images; `None` for each chunk when no moments are wanted.
+fn moment_chunks<'a>(
+    s: &ConvShape,
+    moments: Option<&'a mut [MapMoments]>,
+    images: usize,
+) -> impl IndexedParallelIterator<Item = Option<&'a mut [MapMoments]>> {
+    let chunks = s.batch.div_ceil(images.max(1));
+    let per_chunk = images * s.out_channels;
+    match moments {
+        Some(m) => rayon::iter::Either::Left(m.par_chunks_mut(per_chunk.max(1)).map(Some)),
+        None => rayon::iter::Either::Right((0..chunks).into_par_iter().map(|_| None)),
+    }
 }
 
 /// Images unfolded side by side into one GEMM (a function of the shape only). An image of 7x7
