@@ -17,10 +17,12 @@ use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 
 use crate::cpu;
 use crate::cpu::batch_norm::{
-    batch_norm_backward, batch_norm_relu_pool_backward, batch_stats, combine_moments, inv_std, normalise,
-    normalise_add_relu, normalise_relu_pool, to_f32, BnPoolShape, BnShape, MapMoments,
+    batch_norm_backward, batch_norm_relu_pool_backward, batch_stats, bn_pool_input_grad, combine_moments,
+    inv_std, normalise, normalise_add_relu, normalise_relu_pool, to_f32, BnPoolShape, BnShape, MapMoments,
 };
-use crate::cpu::conv::{conv2d_backward, conv2d_forward, conv2d_forward_moments, ConvShape};
+use crate::cpu::conv::{
+    conv2d_backward, conv2d_backward_from, conv2d_forward, conv2d_forward_moments, ConvShape, OutputGrad,
+};
 use crate::cpu::dropout::{dropout_backward, dropout_forward, DropoutMask};
 use crate::cpu::linear::LinearShape;
 use crate::cpu::pool::{max_pool2d_backward, max_pool2d_forward, PoolShape};
@@ -937,4 +939,134 @@ pub(crate) fn batch_norm_relu_pool_eval<B: Backend>(
     let inv = running_inv_std(&var, eps);
     let (z, _, _) = bn_pool_forward(&shape, &x, f32s(&mean), &inv, &w, &b);
     back::<B, 4>(tensor::<Flex, 4>(z))
+}
+
+/// A convolution, then batch norm (training), ReLU and 2x2 max pool, as one autodiff node whose
+/// backward never stores the convolution's output gradient: the batch norm's input gradient is
+/// produced a few images at a time inside the convolution's backward, while they are in cache
+/// ([`OutputGrad::Produce`]). The same values as the two nodes.
+#[derive(Debug)]
+struct ConvBnPoolBackward;
+
+#[derive(Clone, Debug)]
+struct ConvBnPoolState {
+    conv: LayerState<ConvShape>,
+    bn: BnPoolState,
+}
+
+impl Backward<Flex, 5> for ConvBnPoolBackward {
+    type State = ConvBnPoolState;
+
+    fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_x, node_w, node_b, node_g, node_beta] = ops.parents;
+        let dz = contiguous(grads.consume::<Flex>(&ops.node));
+        let ConvBnPoolState { conv, bn } = ops.state;
+        let (s, sh) = (conv.shape, bn.shape);
+        let mut dg = node_g.as_ref().map(|_| vec![0.0; sh.channels]);
+        let mut dbeta = node_beta.as_ref().map(|_| vec![0.0; sh.channels]);
+        let grad = bn_pool_input_grad(
+            &sh,
+            f32s(&bn.x),
+            &bn.mean,
+            &bn.inv_std,
+            f32s(&bn.weight),
+            f32s(&dz),
+            f32s(&bn.z),
+            &bn.argmax,
+            &bn.x_at,
+            dg.as_deref_mut(),
+            dbeta.as_deref_mut(),
+        );
+        register(grads, node_g.map(|n| n.id), dg, [sh.channels]);
+        register(grads, node_beta.map(|n| n.id), dbeta, [sh.channels]);
+        let mut dw = node_w.as_ref().map(|_| cpu::zeroed::<f32>(s.weight_len()));
+        let mut db = node_b.as_ref().map(|_| cpu::zeroed::<f32>(s.out_channels));
+        if node_x.is_none() && dw.is_none() && db.is_none() {
+            return;
+        }
+        let produce = |first: usize, dy: &mut [f32]| grad.images(first, dy);
+        let dx = fresh_if(node_x.is_some(), s.batch * s.in_image(), |dx| {
+            conv2d_backward_from(
+                &s,
+                f32s(&conv.x),
+                f32s(&conv.w),
+                OutputGrad::Produce(&produce),
+                conv.relu_out.as_ref().map(f32s),
+                dx,
+                dw.as_deref_mut(),
+                db.as_deref_mut(),
+            )
+        });
+        register(
+            grads,
+            node_x.map(|n| n.id),
+            dx,
+            [s.batch, s.in_channels, s.in_h, s.in_w],
+        );
+        let weight_shape = [s.out_channels, s.in_channels, s.kernel[0], s.kernel[1]];
+        register(grads, node_w.map(|n| n.id), dw, weight_shape);
+        register(grads, node_b.map(|n| n.id), db, [s.out_channels]);
+    }
+}
+
+/// `max_pool2d(relu(batch_norm_train(conv2d(x))), 2)` on autodiff flex as one node
+/// ([`ConvBnPoolBackward`]): the pooled output and the batch's mean and biased variance
+/// (untracked). The batch statistics come from the convolution's moments.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn conv2d_batch_norm_relu_pool_train<B: Backend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 4>,
+    bias: Option<Tensor<B, 1>>,
+    s: ConvShape,
+    relu: bool,
+    bn_weight: Tensor<B, 1>,
+    bn_bias: Tensor<B, 1>,
+    shape: BnPoolShape,
+    eps: f64,
+) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    let (x, w) = (ad_prim(x), ad_prim(weight));
+    let b = bias.map(ad_prim).unwrap_or_else(|| zero_bias(s.out_channels));
+    let (g, beta) = (ad_prim(bn_weight), ad_prim(bn_bias));
+    let [xp, wp, bp, gp, betap] =
+        [x.primitive, w.primitive, b.primitive, g.primitive, beta.primitive].map(contiguous);
+    let mut moments = vec![MapMoments::default(); s.batch * s.out_channels];
+    let y = conv_forward(&xp, &wp, Some(&bp), &s, relu, Some(&mut moments));
+    let (mean, var) = combine_moments(&shape.bn(), &moments);
+    let inv = inv_std(&var, eps);
+    let (z, argmax, x_at) = bn_pool_forward(&shape, &y, &to_f32(&mean), &to_f32(&inv), &gp, &betap);
+    let c = shape.channels;
+    let (mean_t, var_t) = (from_vec(to_f32(&mean), [c]), from_vec(to_f32(&var), [c]));
+    let z = match ConvBnPoolBackward
+        .prepare::<NoCheckpointing>([x.node, w.node, b.node, g.node, beta.node])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(
+            ConvBnPoolState {
+                conv: LayerState {
+                    x: xp,
+                    w: wp,
+                    relu_out: relu.then(|| y.clone()),
+                    shape: s,
+                },
+                bn: BnPoolState {
+                    x: y,
+                    mean,
+                    inv_std: inv,
+                    weight: gp,
+                    z: z.clone(),
+                    argmax: Arc::new(argmax),
+                    x_at: Arc::new(x_at),
+                    shape,
+                },
+            },
+            z,
+        ),
+        OpsKind::UnTracked(prep) => prep.finish(z),
+    };
+    (
+        back::<B, 4>(tensor::<Ad, 4>(z)),
+        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(mean_t))),
+        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(var_t))),
+    )
 }

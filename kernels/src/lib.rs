@@ -523,6 +523,77 @@ pub fn batch_norm2d_relu_pool2_train<B: Backend>(
     (max_pool2d(y, [2, 2], [2, 2], [0, 0]), mean, var)
 }
 
+/// `batch_norm2d_relu_pool2_train(conv2d(x, weight, bias, options), ...)`: a convolution, then
+/// batch norm in training mode, ReLU and a 2x2 max pool. On the kernels (autodiff flex) one
+/// autodiff node: the statistics come from the convolution's moments, and the backward never
+/// stores the convolution's full-size output gradient (each few images of it are produced and
+/// consumed in cache); the same values as the two ops. Returns the pooled output and the
+/// batch's statistics.
+///
+/// # Shapes
+/// - `x`: `[batch, in_channels, h, w]`; `bn_weight`, `bn_bias`: `[out_channels]`
+/// - output: `[batch, out_channels, h_out / 2, w_out / 2]`; mean and variance: `[out_channels]`
+pub fn conv2d_batch_norm2d_relu_pool2_train<B: Backend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 4>,
+    bias: Option<Tensor<B, 1>>,
+    options: Conv2dOptions,
+    bn_weight: Tensor<B, 1>,
+    bn_bias: Tensor<B, 1>,
+    eps: f64,
+) -> (Tensor<B, 4>, BatchStats<B>) {
+    #[cfg(feature = "flex")]
+    if uses_cpu_kernels::<B>() && flex::is_autodiff_flex::<B>() && bn_weight.dtype() == DType::F32 {
+        if let Some(s) = conv_shape(&x, &weight, options) {
+            let shape = BnPoolShape {
+                batch: s.batch,
+                channels: s.out_channels,
+                in_h: s.out_h(),
+                in_w: s.out_w(),
+            };
+            if shape.is_valid() && bn_weight.dims() == [s.out_channels] && bn_bias.dims() == [s.out_channels]
+            {
+                let (z, mean, var) = flex::conv2d_batch_norm_relu_pool_train(
+                    x,
+                    weight,
+                    bias,
+                    s,
+                    options.relu,
+                    bn_weight,
+                    bn_bias,
+                    shape,
+                    eps,
+                );
+                let count = shape.bn().count();
+                return (z, BatchStats { mean, var, count });
+            }
+        }
+    }
+    batch_norm2d_relu_pool2_train_stats(conv2d_moments(x, weight, bias, options), bn_weight, bn_bias, eps)
+}
+
+/// A training batch norm's batch statistics, detached: each channel's mean and biased variance
+/// over its `count` elements.
+pub struct BatchStats<B: Backend> {
+    pub mean: Tensor<B, 1>,
+    pub var: Tensor<B, 1>,
+    pub count: usize,
+}
+
+/// [`batch_norm2d_relu_pool2_train`] with the statistics' element count.
+pub fn batch_norm2d_relu_pool2_train_stats<B: Backend>(
+    x: impl Into<BnInput<B>>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    eps: f64,
+) -> (Tensor<B, 4>, BatchStats<B>) {
+    let x = x.into();
+    let [batch, _, h, w] = x.tensor().dims();
+    let (z, mean, var) = batch_norm2d_relu_pool2_train(x, weight, bias, eps);
+    let count = batch * h * w;
+    (z, BatchStats { mean, var, count })
+}
+
 /// [`batch_norm2d_relu_pool2_train`] with given statistics (inference).
 ///
 /// # Shapes

@@ -59,6 +59,34 @@ pub fn conv2d_moments<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> BnInput<
     }
 }
 
+/// `max_pool2d(relu(batch_norm_train(conv.forward(x))), 2)` with the batch norm's `weight`,
+/// `bias` and `eps` ([`crate::conv2d_batch_norm2d_relu_pool2_train`]): one node on the kernels.
+/// Returns the pooled output and the batch's statistics.
+///
+/// # Shapes
+/// - `x`: `[batch, in_channels, h, w]`; `weight`, `bias`: `[out_channels]`
+/// - output: `[batch, out_channels, h_out / 2, w_out / 2]`
+pub fn conv2d_batch_norm2d_relu_pool2_train<B: Backend>(
+    conv: &Conv2d<B>,
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    eps: f64,
+) -> (Tensor<B, 4>, crate::BatchStats<B>) {
+    match options(conv) {
+        Some(options) => crate::conv2d_batch_norm2d_relu_pool2_train(
+            x,
+            conv.weight.val(),
+            conv.bias.as_ref().map(|b| b.val()),
+            options,
+            weight,
+            bias,
+            eps,
+        ),
+        None => crate::batch_norm2d_relu_pool2_train_stats(conv2d(conv, x), weight, bias, eps),
+    }
+}
+
 /// `relu(conv.forward(x))` with the ReLU fused into the convolution on the kernels.
 ///
 /// # Shapes

@@ -857,7 +857,8 @@ enum BatchNormAfter {
 /// A convolution whose output comes with the moments of its maps (`conv2d_moments`), then a
 /// batch norm that takes its statistics from them, against the same convolution (`conv2d`) and
 /// the batch norm's own pass over its output: the same bits in the output, the statistics and
-/// every gradient (input, convolution weight and bias, batch norm weight and bias, residual).
+/// every gradient (input, convolution weight and bias, batch norm weight and bias, residual);
+/// before a ReLU and 2x2 pool, also the one-node `conv2d_batch_norm2d_relu_pool2_train`.
 /// Each of the two is tested against burn's stock ops above, so this extends to them; with
 /// `against_burn` the statistics are also checked against those of burn's convolution in f64
 /// (at shapes where they are well conditioned: a variance of a few values can be smaller than
@@ -882,6 +883,31 @@ fn check_conv_moments(case: &ConvCase, after: BatchNormAfter, seed: u64, against
     let (b, b_ref) = same([out_channels], seed + 2);
     let (g, _) = same([out_channels], seed + 4);
     let (beta, _) = same([out_channels], seed + 5);
+    // `fused`: the convolution, batch norm, ReLU and pool as one node
+    // (`conv2d_batch_norm2d_relu_pool2_train`), whose backward produces the batch norm's input
+    // gradient a few images at a time inside the convolution's.
+    let fused = |_: ()| {
+        let (z, stats) = ember_kernels::conv2d_batch_norm2d_relu_pool2_train(
+            x.clone(),
+            wt.clone(),
+            case.bias.then(|| b.clone()),
+            options,
+            g.clone(),
+            beta.clone(),
+            1e-5,
+        );
+        let [n, _, oh, ow] = conv2d(x.clone(), wt.clone(), None, options).dims();
+        assert_eq!(stats.count, n * oh * ow, "{case:?}: statistics' count");
+        let (r, _) = same(z.dims(), seed + 7);
+        let grads = (z.clone() * r.detach()).sum().backward();
+        let mut all = vec![values(z), values(stats.mean), values(stats.var)];
+        all.extend(x.grad(&grads).map(values));
+        all.extend(wt.grad(&grads).map(values));
+        for t in [b.grad(&grads), g.grad(&grads), beta.grad(&grads)] {
+            all.extend(t.map(values));
+        }
+        all
+    };
     let run = |moments: bool| {
         let y = if moments {
             conv2d_moments(x.clone(), wt.clone(), case.bias.then(|| b.clone()), options)
@@ -911,13 +937,23 @@ fn check_conv_moments(case: &ConvCase, after: BatchNormAfter, seed: u64, against
         (all, values(mean), values(var))
     };
     let ((with, mean, var), (without, ..)) = (run(true), run(false));
+    let bits = |v: &Vec<f64>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     assert_eq!(with.len(), without.len(), "{case:?} {after:?}: tensors");
     for (i, (a, b)) in with.iter().zip(&without).enumerate() {
-        let bits = |v: &Vec<f64>| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
         assert!(
             bits(a) == bits(b),
             "{case:?} {after:?}: tensor {i} differs with the convolution's moments"
         );
+    }
+    if let BatchNormAfter::ReluPool2 = after {
+        let one_node = fused(());
+        assert_eq!(one_node.len(), without.len(), "{case:?} fused: tensors");
+        for (i, (a, b)) in one_node.iter().zip(&without).enumerate() {
+            assert!(
+                bits(a) == bits(b),
+                "{case:?} fused: tensor {i} differs from the two ops"
+            );
+        }
     }
     if against_burn {
         let y_ref = conv2d_stock(x_ref, wt_ref, case.bias.then_some(b_ref), options).inner();

@@ -131,38 +131,31 @@ impl<B: Backend> BatchNorm2d<B> {
     /// - `x`: `[batch, channels, height, width]`
     /// - output: `[batch, channels, height / 2, width / 2]`
     pub fn forward_relu_pool2(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        self.relu_pool2(x.into())
+        let (weight, bias) = (self.weight.val(), self.bias.val());
+        if !B::ad_enabled(&x.device()) {
+            let (mean, var) = (self.running_mean.value(), self.running_var.value());
+            return ember_kernels::batch_norm2d_relu_pool2_eval(x, mean, var, weight, bias, self.eps);
+        }
+        let count = Self::count(&x);
+        let (y, mean, var) = ember_kernels::batch_norm2d_relu_pool2_train(x, weight, bias, self.eps);
+        self.update_running(count, mean, var);
+        y
     }
 
-    /// `self.forward_relu_pool2(nn::conv2d(conv, x))`; in training the convolution takes the
-    /// moments of its output for the batch norm's statistics ([`nn::conv2d_moments`]).
+    /// `self.forward_relu_pool2(nn::conv2d(conv, x))`; in training one node on the kernels
+    /// ([`nn::conv2d_batch_norm2d_relu_pool2_train`]: the statistics from the convolution's
+    /// moments, and a backward that never stores the convolution's output gradient).
     ///
     /// # Shapes
     /// - `x`: `conv`'s input, `[batch, in_channels, h, w]`
     /// - output: `[batch, channels, h_out / 2, w_out / 2]`
     pub fn forward_conv_relu_pool2(&self, conv: &Conv2d<B>, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        if B::ad_enabled(&x.device()) {
-            return self.relu_pool2(nn::conv2d_moments(conv, x));
+        if !B::ad_enabled(&x.device()) {
+            return self.forward_relu_pool2(nn::conv2d(conv, x));
         }
-        self.forward_relu_pool2(nn::conv2d(conv, x))
-    }
-
-    fn relu_pool2(&self, x: BnInput<B>) -> Tensor<B, 4> {
         let (weight, bias) = (self.weight.val(), self.bias.val());
-        if !B::ad_enabled(&x.tensor().device()) {
-            let (mean, var) = (self.running_mean.value(), self.running_var.value());
-            return ember_kernels::batch_norm2d_relu_pool2_eval(
-                x.into_tensor(),
-                mean,
-                var,
-                weight,
-                bias,
-                self.eps,
-            );
-        }
-        let count = Self::count(x.tensor());
-        let (y, mean, var) = ember_kernels::batch_norm2d_relu_pool2_train(x, weight, bias, self.eps);
-        self.update_running(count, mean, var);
+        let (y, stats) = nn::conv2d_batch_norm2d_relu_pool2_train(conv, x, weight, bias, self.eps);
+        self.update_running(stats.count as f64, stats.mean, stats.var);
         y
     }
 

@@ -435,8 +435,101 @@ pub fn batch_norm_relu_pool_backward<'o>(
     dweight: Option<&mut [f32]>,
     dbias: Option<&mut [f32]>,
 ) {
+    let grad = bn_pool_input_grad(s, x, mean, inv_std, weight, dz, z, argmax, x_at, dweight, dbias);
+    let Some(dx) = dx.map(Into::into) else { return };
+    assert_eq!(
+        dx.len(),
+        x.len(),
+        "batch norm + pool backward: input gradient length"
+    );
+    let image = s.channels * s.in_h * s.in_w;
+    dx.par_chunks_mut(image)
+        .enumerate()
+        .for_each(|(n, dx)| grad.images(n, dx));
+}
+
+/// [`batch_norm_relu_pool_backward`]'s input gradient, image by image ([`Self::images`]): what
+/// a convolution's backward before the batch norm reads a few images at a time
+/// ([`super::conv::OutputGrad::Produce`]) instead of the whole of it from memory.
+pub struct BnPoolInputGrad<'a> {
+    s: BnPoolShape,
+    rules: Vec<DxRule>,
+    x: &'a [f32],
+    dz: &'a [f32],
+    z: &'a [f32],
+    argmax: &'a [u32],
+}
+
+impl BnPoolInputGrad<'_> {
+    /// The input gradient of images `first..first + dx.len() / image` into `dx` (every element):
+    /// the same values as [`batch_norm_relu_pool_backward`] writes there.
+    ///
+    /// # Panics
+    /// If `dx` is not a whole number of images within the batch.
+    pub fn images(&self, first: usize, dx: &mut [f32]) {
+        let s = &self.s;
+        let (plane, pooled) = (s.in_h * s.in_w, s.out_plane());
+        let (image, out_image) = (s.channels * plane, s.channels * pooled);
+        assert_eq!(
+            dx.len() % image.max(1),
+            0,
+            "batch norm + pool backward: whole images"
+        );
+        let images = dx.len() / image.max(1);
+        assert!(
+            first + images <= s.batch,
+            "batch norm + pool backward: images past the batch"
+        );
+        let gate = |dz: f32, z: f32| if z <= 0.0 { 0.0 } else { f64::from(dz) };
+        for (j, dx) in dx.chunks_exact_mut(image).enumerate() {
+            let n = first + j;
+            let x = &self.x[n * image..][..image];
+            let (dz, z, argmax) = (
+                &self.dz[n * out_image..][..out_image],
+                &self.z[n * out_image..][..out_image],
+                &self.argmax[n * out_image..][..out_image],
+            );
+            wide(
+                #[inline(always)]
+                || {
+                    for (c, rule) in self.rules.iter().enumerate() {
+                        let (dx, x) = (&mut dx[c * plane..][..plane], &x[c * plane..][..plane]);
+                        // `batch_norm_backward`'s formula with g = 0 ...
+                        for (d, &x) in dx.iter_mut().zip(x) {
+                            *d = rule.dx(0.0, x);
+                        }
+                        // ... then at each window's maximum with its own g.
+                        let at = c * pooled..(c + 1) * pooled;
+                        for ((&d, &y), &i) in dz[at.clone()].iter().zip(&z[at.clone()]).zip(&argmax[at]) {
+                            let g = gate(d, y);
+                            let i = i as usize;
+                            dx[i] = rule.dx(g, x[i]);
+                        }
+                    }
+                },
+            )
+        }
+    }
+}
+
+/// [`batch_norm_relu_pool_backward`]'s per-channel sums (over the pooled elements), `dweight`
+/// and `dbias` from them, and its input gradient to take image by image.
+#[allow(clippy::too_many_arguments)]
+pub fn bn_pool_input_grad<'a>(
+    s: &BnPoolShape,
+    x: &'a [f32],
+    mean: &[f64],
+    inv_std: &[f64],
+    weight: &[f32],
+    dz: &'a [f32],
+    z: &'a [f32],
+    argmax: &'a [u32],
+    x_at: &[f32],
+    dweight: Option<&mut [f32]>,
+    dbias: Option<&mut [f32]>,
+) -> BnPoolInputGrad<'a> {
     assert!(s.is_valid(), "batch norm + pool backward: invalid shape {s:?}");
-    let (plane, pooled) = (s.in_h * s.in_w, s.out_plane());
+    let pooled = s.out_plane();
     assert_eq!(x.len(), s.bn().len(), "batch norm + pool backward: input length");
     for v in [dz, z, x_at] {
         assert_eq!(v.len(), s.out_len(), "batch norm + pool backward: pooled length");
@@ -505,40 +598,14 @@ pub fn batch_norm_relu_pool_backward<'o>(
     let maps: Vec<(f64, f64)> = per_image.into_iter().flatten().collect();
     let n = s.bn().count() as f64;
     let rules = dx_rules(&maps, s.channels, n, mean, inv_std, weight, dweight, dbias);
-    let Some(dx) = dx.map(Into::into) else { return };
-    assert_eq!(
-        dx.len(),
-        x.len(),
-        "batch norm + pool backward: input gradient length"
-    );
-    let image = s.channels * plane;
-    dx.par_chunks_mut(image)
-        .zip(x.par_chunks(image))
-        .zip(
-            dz.par_chunks(out_image)
-                .zip(z.par_chunks(out_image).zip(argmax.par_chunks(out_image))),
-        )
-        .for_each(|((dx, x), (dz, (z, argmax)))| {
-            wide(
-                #[inline(always)]
-                || {
-                    for (c, rule) in rules.iter().enumerate() {
-                        let (dx, x) = (&mut dx[c * plane..][..plane], &x[c * plane..][..plane]);
-                        // `batch_norm_backward`'s formula with g = 0 ...
-                        for (d, &x) in dx.iter_mut().zip(x) {
-                            *d = rule.dx(0.0, x);
-                        }
-                        // ... then at each window's maximum with its own g.
-                        let at = c * pooled..(c + 1) * pooled;
-                        for ((&d, &y), &i) in dz[at.clone()].iter().zip(&z[at.clone()]).zip(&argmax[at]) {
-                            let g = gate(d, y);
-                            let i = i as usize;
-                            dx[i] = rule.dx(g, x[i]);
-                        }
-                    }
-                },
-            )
-        });
+    BnPoolInputGrad {
+        s: *s,
+        rules,
+        x,
+        dz,
+        z,
+        argmax,
+    }
 }
 
 /// One channel's input gradient, `dx = scale * (g - mean_g - (x - mean) * k)` with

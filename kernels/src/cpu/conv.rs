@@ -803,17 +803,83 @@ pub fn conv2d_backward<'o>(
     dweight: Option<&mut [f32]>,
     dbias: Option<&mut [f32]>,
 ) {
-    let dx = dx.map(Into::into);
-    assert!(s.is_valid(), "conv2d backward: invalid shapes {s:?}");
-    assert_eq!(x.len(), s.batch * s.in_image(), "conv2d backward: input length");
-    assert_eq!(weight.len(), s.weight_len(), "conv2d backward: weight length");
     assert_eq!(
         dy.len(),
         s.batch * s.out_image(),
         "conv2d backward: output gradient length"
     );
+    backward(s, x, weight, OutputGrad::Values(dy), relu_out, dx, dweight, dbias)
+}
+
+/// The output gradient a convolution's backward reads: given whole, or produced a few images at
+/// a time by the op after the convolution (its own backward), so that it is never stored whole
+/// and each part is read while it is in cache.
+#[derive(Clone, Copy)]
+pub enum OutputGrad<'a> {
+    Values(&'a [f32]),
+    /// `produce(first, dy)` writes the output gradient of images `first..first + dy.len() /
+    /// out_image` into `dy` (every element): the same values for the same images whatever
+    /// the call's extent.
+    Produce(&'a (dyn Fn(usize, &mut [f32]) + Sync)),
+}
+
+impl OutputGrad<'_> {
+    /// `f` on the output gradient of `images` images from `first` (`out_image` elements each).
+    fn with<R>(self, out_image: usize, first: usize, images: usize, f: impl FnOnce(&[f32]) -> R) -> R {
+        match self {
+            OutputGrad::Values(dy) => f(&dy[first * out_image..][..images * out_image]),
+            OutputGrad::Produce(produce) => with_scratch(4, images * out_image, |dy| {
+                produce(first, dy);
+                f(dy)
+            }),
+        }
+    }
+}
+
+/// [`conv2d_backward`] with the output gradient from `dy` ([`OutputGrad`]): the same values as
+/// [`conv2d_backward`] given the whole of it.
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_backward_from<'o>(
+    s: &ConvShape,
+    x: &[f32],
+    weight: &[f32],
+    dy: OutputGrad<'_>,
+    relu_out: Option<&[f32]>,
+    dx: Option<impl Into<Out<'o>>>,
+    dweight: Option<&mut [f32]>,
+    dbias: Option<&mut [f32]>,
+) {
+    if let OutputGrad::Values(dy) = dy {
+        assert_eq!(
+            dy.len(),
+            s.batch * s.out_image(),
+            "conv2d backward: output gradient length"
+        );
+    }
+    backward(s, x, weight, dy, relu_out, dx, dweight, dbias)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward<'o>(
+    s: &ConvShape,
+    x: &[f32],
+    weight: &[f32],
+    dy: OutputGrad<'_>,
+    relu_out: Option<&[f32]>,
+    dx: Option<impl Into<Out<'o>>>,
+    dweight: Option<&mut [f32]>,
+    dbias: Option<&mut [f32]>,
+) {
+    let dx = dx.map(Into::into);
+    assert!(s.is_valid(), "conv2d backward: invalid shapes {s:?}");
+    assert_eq!(x.len(), s.batch * s.in_image(), "conv2d backward: input length");
+    assert_eq!(weight.len(), s.weight_len(), "conv2d backward: weight length");
     if let Some(y) = relu_out {
-        assert_eq!(y.len(), dy.len(), "conv2d backward: ReLU output length");
+        assert_eq!(
+            y.len(),
+            s.batch * s.out_image(),
+            "conv2d backward: ReLU output length"
+        );
     }
     let (patch, pixels, o) = (s.patch(), s.pixels(), s.out_channels);
     let (want_w, want_b) = (dweight.is_some(), dbias.is_some());
@@ -872,99 +938,100 @@ pub fn conv2d_backward<'o>(
             let cn = together.min(images - c0);
             let (n0, wide) = (first + c0, cn * pixels);
             let x_c = &x[n0 * s.in_image()..][..cn * s.in_image()];
-            let dy_c = &dy[n0 * s.out_image()..][..cn * s.out_image()];
             let gather = cn > 1 || relu_out.is_some();
-            with_scratch(2, if gather { o * wide } else { 0 }, |dyw| {
-                let dyw: &[f32] = if gather {
-                    for (j, dy_n) in dy_c.chunks_exact(s.out_image()).enumerate() {
-                        for (oc, src) in dy_n.chunks_exact(pixels).enumerate() {
-                            let dst = &mut dyw[oc * wide + j * pixels..][..pixels];
-                            match relu_out {
-                                Some(y) => {
-                                    let at = (n0 + j) * s.out_image() + oc * pixels;
-                                    relu_mask(src, &y[at..][..pixels], dst)
+            dy.with(s.out_image(), n0, cn, |dy_c| {
+                with_scratch(2, if gather { o * wide } else { 0 }, |dyw| {
+                    let dyw: &[f32] = if gather {
+                        for (j, dy_n) in dy_c.chunks_exact(s.out_image()).enumerate() {
+                            for (oc, src) in dy_n.chunks_exact(pixels).enumerate() {
+                                let dst = &mut dyw[oc * wide + j * pixels..][..pixels];
+                                match relu_out {
+                                    Some(y) => {
+                                        let at = (n0 + j) * s.out_image() + oc * pixels;
+                                        relu_mask(src, &y[at..][..pixels], dst)
+                                    }
+                                    None => dst.copy_from_slice(src),
                                 }
-                                None => dst.copy_from_slice(src),
                             }
                         }
-                    }
-                    dyw
-                } else {
-                    dy_c
-                };
-                if want_b {
-                    for (b, row) in gb.iter_mut().zip(dyw.chunks_exact(wide)) {
-                        *b += lane_sum(row, |v| v);
-                    }
-                }
-                if want_w {
-                    // gw^T[patch, o] += col[patch, wide] . dyw^T[wide, o], computed as the
-                    // column-major product dyw . col^T: the GEMM then reads `col` where it
-                    // lies (six sequential streams) instead of packing a transposed copy of
-                    // it, and packs only the small dyw.
-                    let weight_grad = |col: &[f32], gw_t: &mut [f32]| {
-                        gemm(Gemm {
-                            m: o,
-                            n: patch,
-                            k: wide,
-                            dst: gw_t,
-                            dst_rs: 1,
-                            dst_cs: o,
-                            accumulate: c0 > 0,
-                            lhs: dyw,
-                            lhs_rs: wide,
-                            lhs_cs: 1,
-                            rhs: col,
-                            rhs_rs: 1,
-                            rhs_cs: wide,
-                        })
-                    };
-                    if s.is_pointwise() {
-                        // One image per chunk (`images_per_gemm`): its input is `col`.
-                        weight_grad(x_c, &mut gw);
+                        dyw
                     } else {
-                        with_scratch(0, patch * wide, |col| {
-                            for (j, x_n) in x_c.chunks_exact(s.in_image()).enumerate() {
-                                im2col_pitched(s, x_n, &mut col[j * pixels..], wide);
-                            }
-                            weight_grad(col, &mut gw);
-                        });
-                    }
-                }
-                if let Some(dx) = dx.as_deref_mut() {
-                    let dx_c = &mut dx[c0 * s.in_image()..][..cn * s.in_image()];
-                    // dcol[patch, wide] = weight[o, patch]^T . dyw[o, wide]
-                    let input_grad = |dcol: &mut [f32]| {
-                        gemm(Gemm {
-                            m: patch,
-                            n: wide,
-                            k: o,
-                            dst: dcol,
-                            dst_rs: wide,
-                            dst_cs: 1,
-                            accumulate: false,
-                            lhs: weight,
-                            lhs_rs: 1,
-                            lhs_cs: patch,
-                            rhs: dyw,
-                            rhs_rs: wide,
-                            rhs_cs: 1,
-                        })
+                        dy_c
                     };
-                    if s.is_pointwise() {
-                        input_grad(dx_c);
-                    } else if let Some((cpu, packed, shifts, t)) = &direct_dx {
-                        // One image per chunk (`together` is 1 with the direct kernel).
-                        direct_image(*cpu, t, shifts, dyw, packed, None, dx_c);
-                    } else {
-                        with_scratch(1, patch * wide, |dcol| {
-                            input_grad(dcol);
-                            for (j, dx_n) in dx_c.chunks_exact_mut(s.in_image()).enumerate() {
-                                col2im_pitched(s, &dcol[j * pixels..], dx_n, wide);
-                            }
-                        });
+                    if want_b {
+                        for (b, row) in gb.iter_mut().zip(dyw.chunks_exact(wide)) {
+                            *b += lane_sum(row, |v| v);
+                        }
                     }
-                }
+                    if want_w {
+                        // gw^T[patch, o] += col[patch, wide] . dyw^T[wide, o], computed as the
+                        // column-major product dyw . col^T: the GEMM then reads `col` where it
+                        // lies (six sequential streams) instead of packing a transposed copy of
+                        // it, and packs only the small dyw.
+                        let weight_grad = |col: &[f32], gw_t: &mut [f32]| {
+                            gemm(Gemm {
+                                m: o,
+                                n: patch,
+                                k: wide,
+                                dst: gw_t,
+                                dst_rs: 1,
+                                dst_cs: o,
+                                accumulate: c0 > 0,
+                                lhs: dyw,
+                                lhs_rs: wide,
+                                lhs_cs: 1,
+                                rhs: col,
+                                rhs_rs: 1,
+                                rhs_cs: wide,
+                            })
+                        };
+                        if s.is_pointwise() {
+                            // One image per chunk (`images_per_gemm`): its input is `col`.
+                            weight_grad(x_c, &mut gw);
+                        } else {
+                            with_scratch(0, patch * wide, |col| {
+                                for (j, x_n) in x_c.chunks_exact(s.in_image()).enumerate() {
+                                    im2col_pitched(s, x_n, &mut col[j * pixels..], wide);
+                                }
+                                weight_grad(col, &mut gw);
+                            });
+                        }
+                    }
+                    if let Some(dx) = dx.as_deref_mut() {
+                        let dx_c = &mut dx[c0 * s.in_image()..][..cn * s.in_image()];
+                        // dcol[patch, wide] = weight[o, patch]^T . dyw[o, wide]
+                        let input_grad = |dcol: &mut [f32]| {
+                            gemm(Gemm {
+                                m: patch,
+                                n: wide,
+                                k: o,
+                                dst: dcol,
+                                dst_rs: wide,
+                                dst_cs: 1,
+                                accumulate: false,
+                                lhs: weight,
+                                lhs_rs: 1,
+                                lhs_cs: patch,
+                                rhs: dyw,
+                                rhs_rs: wide,
+                                rhs_cs: 1,
+                            })
+                        };
+                        if s.is_pointwise() {
+                            input_grad(dx_c);
+                        } else if let Some((cpu, packed, shifts, t)) = &direct_dx {
+                            // One image per chunk (`together` is 1 with the direct kernel).
+                            direct_image(*cpu, t, shifts, dyw, packed, None, dx_c);
+                        } else {
+                            with_scratch(1, patch * wide, |dcol| {
+                                input_grad(dcol);
+                                for (j, dx_n) in dx_c.chunks_exact_mut(s.in_image()).enumerate() {
+                                    col2im_pitched(s, &dcol[j * pixels..], dx_n, wide);
+                                }
+                            });
+                        }
+                    }
+                })
             });
         }
         (gw, gb)
@@ -1006,7 +1073,6 @@ pub fn conv2d_backward<'o>(
             .for_each(|(g, dx)| {
                 let images = dx.len() / s.in_image();
                 let at = g * n * s.out_image();
-                let dy_c = &dy[at..][..images * s.out_image()];
                 fn planes<'a>(s: &ConvShape, data: &'a [f32]) -> winograd::Planes<'a> {
                     winograd::Planes {
                         data,
@@ -1014,13 +1080,13 @@ pub fn conv2d_backward<'o>(
                         channel: s.pixels(),
                     }
                 }
-                match relu_out {
+                dy.with(s.out_image(), g * n, images, |dy_c| match relu_out {
                     None => winograd::convolve(t, u, planes(s, dy_c), images, None, false, dx),
                     Some(y) => with_scratch(2, dy_c.len(), |masked| {
                         relu_mask(dy_c, &y[at..][..dy_c.len()], masked);
                         winograd::convolve(t, u, planes(s, masked), images, None, false, dx)
                     }),
-                }
+                })
             });
     }
     if let Some(dw) = dweight {

@@ -201,10 +201,10 @@ pub(crate) mod scratch {
     use std::cell::RefCell;
 
     thread_local! {
-        static SLOTS: [RefCell<Vec<f32>>; 4] = const { [const { RefCell::new(Vec::new()) }; 4] };
+        static SLOTS: [RefCell<Vec<f32>>; 5] = const { [const { RefCell::new(Vec::new()) }; 5] };
     }
 
-    /// Runs `f` on this thread's scratch buffer `slot` (0 to 3) of at least `len` elements,
+    /// Runs `f` on this thread's scratch buffer `slot` (0 to 4) of at least `len` elements,
     /// kept between calls so that steady-state steps allocate nothing. Its contents are
     /// whatever the last user left.
     ///
