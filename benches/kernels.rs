@@ -5,10 +5,13 @@
 
 use divan::counter::ItemsCount;
 use ember_kernels::cpu::batch_norm::{
-    batch_norm_backward, batch_stats, combine_moments, inv_std, normalise, normalise_add_relu, to_f32,
-    BnShape, MapMoments,
+    batch_norm_backward, batch_norm_relu_pool_backward, batch_stats, bn_pool_input_grad, combine_moments,
+    inv_std, normalise, normalise_add_relu, normalise_relu_pool, to_f32, BnPoolShape, BnShape, MapMoments,
 };
-use ember_kernels::cpu::conv::{conv2d_backward, conv2d_forward, conv2d_forward_moments, ConvShape, PadMode};
+use ember_kernels::cpu::conv::{
+    conv2d_backward, conv2d_backward_from, conv2d_forward, conv2d_forward_moments, ConvShape, OutputGrad,
+    PadMode,
+};
 use ember_kernels::cpu::dropout::{dropout_backward, dropout_forward, DropoutMask};
 use ember_kernels::cpu::linear::{linear_backward, linear_forward, LinearShape};
 use ember_kernels::cpu::optim::{update, Rule};
@@ -467,6 +470,99 @@ fn conv_bn_stats(bencher: divan::Bencher, (which, moments): (usize, bool)) {
                 let y = ember_kernels::cpu::fresh(len, |y| conv2d_forward(&s, &x, &w, None, false, y));
                 let stats = batch_stats(&bn, &y);
                 (y, stats)
+            }
+        });
+}
+
+/// The backward of a convolution followed by batch norm, ReLU and 2x2 max pool, at the speedrun
+/// net's first two blocks (`CONVS` 9, 7; the first without an input gradient, as in the model):
+/// as two ops (`batch_norm_relu_pool_backward` writes the batch norm's full-size input
+/// gradient, `conv2d_backward` reads it) or as the one node runs it (`bn_pool_input_grad`, then
+/// `conv2d_backward_from` with the gradient produced a few images at a time in cache).
+#[divan::bench(args = [(9, false), (9, true), (7, false), (7, true)], sample_count = 20)]
+fn conv_bn_pool_bwd(bencher: divan::Bencher, (which, one_node): (usize, bool)) {
+    let (_, s, input_grad) = CONVS[which];
+    let (x, w) = (ramp(s.batch * s.in_image()), ramp(s.weight_len()));
+    let y = ember_kernels::cpu::fresh(s.batch * s.out_image(), |y| {
+        conv2d_forward(&s, &x, &w, None, false, y)
+    });
+    let sh = BnPoolShape {
+        batch: s.batch,
+        channels: s.out_channels,
+        in_h: s.out_h(),
+        in_w: s.out_w(),
+    };
+    let (g, beta) = (ramp(s.out_channels), ramp(s.out_channels));
+    let (mean, var) = batch_stats(&sh.bn(), &y);
+    let inv = inv_std(&var, 1e-5);
+    let n = sh.out_len();
+    let (mut z, mut argmax, mut x_at) = (vec![0.0; n], vec![0u32; n], vec![0.0; n]);
+    normalise_relu_pool(
+        &sh,
+        &y,
+        &to_f32(&mean),
+        &to_f32(&inv),
+        &g,
+        &beta,
+        &mut z,
+        &mut argmax,
+        &mut x_at,
+    );
+    let dz = ramp(n);
+    let (mut dw, mut db, mut dg, mut dbeta) = (
+        vec![0.0; s.weight_len()],
+        vec![0.0; s.out_channels],
+        vec![0.0; s.out_channels],
+        vec![0.0; s.out_channels],
+    );
+    let mut dx = vec![0.0; if input_grad { x.len() } else { 0 }];
+    bencher
+        .counter(ItemsCount::new(s.forward_macs() * if input_grad { 2 } else { 1 }))
+        .bench_local(|| {
+            let dx = input_grad.then_some(&mut dx[..]);
+            if one_node {
+                let grad = bn_pool_input_grad(
+                    &sh,
+                    &y,
+                    &mean,
+                    &inv,
+                    &g,
+                    &dz,
+                    &z,
+                    &argmax,
+                    &x_at,
+                    Some(&mut dg),
+                    Some(&mut dbeta),
+                );
+                let produce = |first: usize, dy: &mut [f32]| grad.images(first, dy);
+                conv2d_backward_from(
+                    &s,
+                    &x,
+                    &w,
+                    OutputGrad::Produce(&produce),
+                    None,
+                    dx,
+                    Some(&mut dw),
+                    Some(&mut db),
+                );
+            } else {
+                let dy = ember_kernels::cpu::fresh(y.len(), |dy| {
+                    batch_norm_relu_pool_backward(
+                        &sh,
+                        &y,
+                        &mean,
+                        &inv,
+                        &g,
+                        &dz,
+                        &z,
+                        &argmax,
+                        &x_at,
+                        Some(dy),
+                        Some(&mut dg),
+                        Some(&mut dbeta),
+                    )
+                });
+                conv2d_backward(&s, &x, &w, &dy, None, dx, Some(&mut dw), Some(&mut db));
             }
         });
 }
