@@ -17,12 +17,10 @@ use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 
 use crate::cpu;
 use crate::cpu::batch_norm::{
-    batch_norm_backward, batch_norm_relu_pool_backward, batch_stats, bn_pool_input_grad, combine_moments,
-    inv_std, normalise, normalise_add_relu, normalise_relu_pool, to_f32, BnPoolShape, BnShape, MapMoments,
+    batch_norm_backward, batch_stats, bn_pool_input_grad, combine_moments, inv_std, normalise,
+    normalise_add_relu, normalise_relu_pool, to_f32, BnPoolInputGrad, BnPoolShape, BnShape, MapMoments,
 };
-use crate::cpu::conv::{
-    conv2d_backward, conv2d_backward_from, conv2d_forward, conv2d_forward_moments, ConvShape, OutputGrad,
-};
+use crate::cpu::conv::{conv2d_backward_from, conv2d_forward, conv2d_forward_moments, ConvShape, OutputGrad};
 use crate::cpu::dropout::{dropout_backward, dropout_forward, DropoutMask};
 use crate::cpu::linear::LinearShape;
 use crate::cpu::pool::{max_pool2d_backward, max_pool2d_forward, PoolShape};
@@ -185,38 +183,42 @@ impl Backward<Flex, 3> for ConvBackward {
     type State = LayerState<ConvShape>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_x, node_w, node_b] = ops.parents;
         let dy = contiguous(grads.consume::<Flex>(&ops.node));
-        let LayerState {
-            x,
-            w,
-            relu_out,
-            shape: s,
-        } = ops.state;
-        let mut dw = node_w.as_ref().map(|_| cpu::zeroed::<f32>(s.weight_len()));
-        let mut db = node_b.as_ref().map(|_| cpu::zeroed::<f32>(s.out_channels));
-        let dx = fresh_if(node_x.is_some(), s.batch * s.in_image(), |dx| {
-            conv2d_backward(
-                &s,
-                f32s(&x),
-                f32s(&w),
-                f32s(&dy),
-                relu_out.as_ref().map(f32s),
-                dx,
-                dw.as_deref_mut(),
-                db.as_deref_mut(),
-            )
-        });
-        register(
-            grads,
-            node_x.map(|n| n.id),
-            dx,
-            [s.batch, s.in_channels, s.in_h, s.in_w],
-        );
-        let weight_shape = [s.out_channels, s.in_channels, s.kernel[0], s.kernel[1]];
-        register(grads, node_w.map(|n| n.id), dw, weight_shape);
-        register(grads, node_b.map(|n| n.id), db, [s.out_channels]);
+        let parents = ops.parents.map(|p| p.map(|n| n.id));
+        conv_grads(&ops.state, OutputGrad::Values(f32s(&dy)), parents, grads);
     }
+}
+
+/// A convolution's gradients from `dy` for the parents that want them (input, weight, bias),
+/// registered in `grads`.
+fn conv_grads(
+    conv: &LayerState<ConvShape>,
+    dy: OutputGrad<'_>,
+    [node_x, node_w, node_b]: [Option<NodeId>; 3],
+    grads: &mut Gradients,
+) {
+    let s = conv.shape;
+    let mut dw = node_w.as_ref().map(|_| cpu::zeroed::<f32>(s.weight_len()));
+    let mut db = node_b.as_ref().map(|_| cpu::zeroed::<f32>(s.out_channels));
+    if node_x.is_none() && dw.is_none() && db.is_none() {
+        return;
+    }
+    let dx = fresh_if(node_x.is_some(), s.batch * s.in_image(), |dx| {
+        conv2d_backward_from(
+            &s,
+            f32s(&conv.x),
+            f32s(&conv.w),
+            dy,
+            conv.relu_out.as_ref().map(f32s),
+            dx,
+            dw.as_deref_mut(),
+            db.as_deref_mut(),
+        )
+    });
+    register(grads, node_x, dx, [s.batch, s.in_channels, s.in_h, s.in_w]);
+    let weight_shape = [s.out_channels, s.in_channels, s.kernel[0], s.kernel[1]];
+    register(grads, node_w, dw, weight_shape);
+    register(grads, node_b, db, [s.out_channels]);
 }
 
 fn conv2d_autodiff(
@@ -667,11 +669,7 @@ pub(crate) fn batch_norm_train<B: Backend>(
         ),
         OpsKind::UnTracked(prep) => prep.finish(y),
     };
-    (
-        back::<B, 4>(tensor::<Ad, 4>(y)),
-        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(mean_t))),
-        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(var_t))),
-    )
+    ad_outputs(y, [mean_t, var_t])
 }
 
 /// `relu(batch norm (training mode) of x + residual)` on backend `B` (autodiff flex): one pass
@@ -730,11 +728,7 @@ pub(crate) fn batch_norm_add_relu_train<B: Backend>(
         ),
         OpsKind::UnTracked(prep) => prep.finish(y),
     };
-    (
-        back::<B, 4>(tensor::<Ad, 4>(y)),
-        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(mean_t))),
-        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(var_t))),
-    )
+    ad_outputs(y, [mean_t, var_t])
 }
 
 /// `1 / sqrt(var + eps)` of running variances, in `f64` and rounded to `f32`.
@@ -802,37 +796,46 @@ impl Backward<Flex, 3> for BnPoolBackward {
     type State = BnPoolState;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_x, node_w, node_b] = ops.parents;
+        let [node_x, node_w, node_b] = ops.parents.map(|p| p.map(|n| n.id));
         let dz = contiguous(grads.consume::<Flex>(&ops.node));
-        let s = ops.state;
-        let sh = s.shape;
-        let mut dw = node_w.as_ref().map(|_| vec![0.0; sh.channels]);
-        let mut db = node_b.as_ref().map(|_| vec![0.0; sh.channels]);
+        let sh = ops.state.shape;
+        let grad = bn_pool_grads(&ops.state, &dz, [node_w, node_b], grads);
         let dx = fresh_if(node_x.is_some(), sh.bn().len(), |dx| {
-            batch_norm_relu_pool_backward(
-                &sh,
-                f32s(&s.x),
-                &s.mean,
-                &s.inv_std,
-                f32s(&s.weight),
-                f32s(&dz),
-                f32s(&s.z),
-                &s.argmax,
-                &s.x_at,
-                dx,
-                dw.as_deref_mut(),
-                db.as_deref_mut(),
-            )
+            if let Some(dx) = dx {
+                grad.all(dx)
+            }
         });
-        register(
-            grads,
-            node_x.map(|n| n.id),
-            dx,
-            [sh.batch, sh.channels, sh.in_h, sh.in_w],
-        );
-        register(grads, node_w.map(|n| n.id), dw, [sh.channels]);
-        register(grads, node_b.map(|n| n.id), db, [sh.channels]);
+        register(grads, node_x, dx, [sh.batch, sh.channels, sh.in_h, sh.in_w]);
     }
+}
+
+/// Batch norm + ReLU + pool's weight and bias gradients from `dz` (registered for the parents
+/// that want them) and its input gradient, to take whole or image by image.
+fn bn_pool_grads<'a>(
+    s: &'a BnPoolState,
+    dz: &'a FlexTensor,
+    [node_w, node_b]: [Option<NodeId>; 2],
+    grads: &mut Gradients,
+) -> BnPoolInputGrad<'a> {
+    let c = s.shape.channels;
+    let mut dw = node_w.as_ref().map(|_| vec![0.0; c]);
+    let mut db = node_b.as_ref().map(|_| vec![0.0; c]);
+    let grad = bn_pool_input_grad(
+        &s.shape,
+        f32s(&s.x),
+        &s.mean,
+        &s.inv_std,
+        f32s(&s.weight),
+        f32s(dz),
+        f32s(&s.z),
+        &s.argmax,
+        &s.x_at,
+        dw.as_deref_mut(),
+        db.as_deref_mut(),
+    );
+    register(grads, node_w, dw, [c]);
+    register(grads, node_b, db, [c]);
+    grad
 }
 
 /// The fused forward: pooled output, argmax and input at the maxima.
@@ -870,51 +873,68 @@ pub(crate) fn batch_norm_relu_pool_train<B: Backend>(
     eps: f64,
     moments: Option<Vec<MapMoments>>,
 ) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
-    let c = shape.channels;
-    let stats = |x: &FlexTensor| {
-        let (mean, var) = stats_of(&shape.bn(), x, moments.as_deref());
-        let inv = inv_std(&var, eps);
-        let tensors = (from_vec(to_f32(&mean), [c]), from_vec(to_f32(&var), [c]));
-        (mean, inv, tensors)
-    };
     if is_flex::<B>() {
         let [x, w, b] = [flex_prim(x), flex_prim(weight), flex_prim(bias)].map(contiguous);
-        let (mean, inv, (mean_t, var_t)) = stats(&x);
-        let (z, _, _) = bn_pool_forward(&shape, &x, &to_f32(&mean), &to_f32(&inv), &w, &b);
+        let stats = stats_of(&shape.bn(), &x, moments.as_deref());
+        let (z, _, [mean, var]) = bn_pool_train(&shape, x, stats, eps, w, &b);
         return (
             back::<B, 4>(tensor::<Flex, 4>(z)),
-            back::<B, 1>(tensor::<Flex, 1>(mean_t)),
-            back::<B, 1>(tensor::<Flex, 1>(var_t)),
+            back::<B, 1>(tensor::<Flex, 1>(mean)),
+            back::<B, 1>(tensor::<Flex, 1>(var)),
         );
     }
     let (x, w, b) = (ad_prim(x), ad_prim(weight), ad_prim(bias));
     let [xp, wp, bp] = [x.primitive, w.primitive, b.primitive].map(contiguous);
-    let (mean, inv, (mean_t, var_t)) = stats(&xp);
-    let (z, argmax, x_at) = bn_pool_forward(&shape, &xp, &to_f32(&mean), &to_f32(&inv), &wp, &bp);
+    let stats = stats_of(&shape.bn(), &xp, moments.as_deref());
+    let (z, state, stats) = bn_pool_train(&shape, xp, stats, eps, wp, &bp);
     let z = match BnPoolBackward
         .prepare::<NoCheckpointing>([x.node, w.node, b.node])
         .compute_bound()
         .stateful()
     {
-        OpsKind::Tracked(prep) => prep.finish(
-            BnPoolState {
-                x: xp,
-                mean,
-                inv_std: inv,
-                weight: wp,
-                z: z.clone(),
-                argmax: Arc::new(argmax),
-                x_at: Arc::new(x_at),
-                shape,
-            },
-            z,
-        ),
+        OpsKind::Tracked(prep) => prep.finish(state, z),
         OpsKind::UnTracked(prep) => prep.finish(z),
     };
+    ad_outputs(z, stats)
+}
+
+/// Batch norm (training, the batch's `(mean, var)`), ReLU and 2x2 pool on `x`: the pooled
+/// output, the state its backward keeps, and the mean and variance as tensors.
+fn bn_pool_train(
+    shape: &BnPoolShape,
+    x: FlexTensor,
+    (mean, var): (Vec<f64>, Vec<f64>),
+    eps: f64,
+    weight: FlexTensor,
+    bias: &FlexTensor,
+) -> (FlexTensor, BnPoolState, [FlexTensor; 2]) {
+    let inv = inv_std(&var, eps);
+    let (z, argmax, x_at) = bn_pool_forward(shape, &x, &to_f32(&mean), &to_f32(&inv), &weight, bias);
+    let c = shape.channels;
+    let stats = [from_vec(to_f32(&mean), [c]), from_vec(to_f32(&var), [c])];
+    let state = BnPoolState {
+        x,
+        mean,
+        inv_std: inv,
+        weight,
+        z: z.clone(),
+        argmax: Arc::new(argmax),
+        x_at: Arc::new(x_at),
+        shape: *shape,
+    };
+    (z, state, stats)
+}
+
+/// A training batch norm's results on autodiff flex as `B`'s tensors: the output (tracked)
+/// and the batch's mean and variance (untracked).
+fn ad_outputs<B: Backend>(
+    y: AdTensor,
+    [mean, var]: [FlexTensor; 2],
+) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
     (
-        back::<B, 4>(tensor::<Ad, 4>(z)),
-        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(mean_t))),
-        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(var_t))),
+        back::<B, 4>(tensor::<Ad, 4>(y)),
+        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(mean))),
+        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(var))),
     )
 }
 
@@ -958,54 +978,13 @@ impl Backward<Flex, 5> for ConvBnPoolBackward {
     type State = ConvBnPoolState;
 
     fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let [node_x, node_w, node_b, node_g, node_beta] = ops.parents;
         let dz = contiguous(grads.consume::<Flex>(&ops.node));
         let ConvBnPoolState { conv, bn } = ops.state;
-        let (s, sh) = (conv.shape, bn.shape);
-        let mut dg = node_g.as_ref().map(|_| vec![0.0; sh.channels]);
-        let mut dbeta = node_beta.as_ref().map(|_| vec![0.0; sh.channels]);
-        let grad = bn_pool_input_grad(
-            &sh,
-            f32s(&bn.x),
-            &bn.mean,
-            &bn.inv_std,
-            f32s(&bn.weight),
-            f32s(&dz),
-            f32s(&bn.z),
-            &bn.argmax,
-            &bn.x_at,
-            dg.as_deref_mut(),
-            dbeta.as_deref_mut(),
-        );
-        register(grads, node_g.map(|n| n.id), dg, [sh.channels]);
-        register(grads, node_beta.map(|n| n.id), dbeta, [sh.channels]);
-        let mut dw = node_w.as_ref().map(|_| cpu::zeroed::<f32>(s.weight_len()));
-        let mut db = node_b.as_ref().map(|_| cpu::zeroed::<f32>(s.out_channels));
-        if node_x.is_none() && dw.is_none() && db.is_none() {
-            return;
-        }
+        let parents = ops.parents.map(|p| p.map(|n| n.id));
+        let grad = bn_pool_grads(&bn, &dz, [parents[3], parents[4]], grads);
         let produce = |first: usize, dy: &mut [f32]| grad.images(first, dy);
-        let dx = fresh_if(node_x.is_some(), s.batch * s.in_image(), |dx| {
-            conv2d_backward_from(
-                &s,
-                f32s(&conv.x),
-                f32s(&conv.w),
-                OutputGrad::Produce(&produce),
-                conv.relu_out.as_ref().map(f32s),
-                dx,
-                dw.as_deref_mut(),
-                db.as_deref_mut(),
-            )
-        });
-        register(
-            grads,
-            node_x.map(|n| n.id),
-            dx,
-            [s.batch, s.in_channels, s.in_h, s.in_w],
-        );
-        let weight_shape = [s.out_channels, s.in_channels, s.kernel[0], s.kernel[1]];
-        register(grads, node_w.map(|n| n.id), dw, weight_shape);
-        register(grads, node_b.map(|n| n.id), db, [s.out_channels]);
+        let conv_parents = [parents[0], parents[1], parents[2]];
+        conv_grads(&conv, OutputGrad::Produce(&produce), conv_parents, grads);
     }
 }
 
@@ -1031,42 +1010,21 @@ pub(crate) fn conv2d_batch_norm_relu_pool_train<B: Backend>(
         [x.primitive, w.primitive, b.primitive, g.primitive, beta.primitive].map(contiguous);
     let mut moments = vec![MapMoments::default(); s.batch * s.out_channels];
     let y = conv_forward(&xp, &wp, Some(&bp), &s, relu, Some(&mut moments));
-    let (mean, var) = combine_moments(&shape.bn(), &moments);
-    let inv = inv_std(&var, eps);
-    let (z, argmax, x_at) = bn_pool_forward(&shape, &y, &to_f32(&mean), &to_f32(&inv), &gp, &betap);
-    let c = shape.channels;
-    let (mean_t, var_t) = (from_vec(to_f32(&mean), [c]), from_vec(to_f32(&var), [c]));
+    let stats = combine_moments(&shape.bn(), &moments);
+    let conv = LayerState {
+        x: xp,
+        w: wp,
+        relu_out: relu.then(|| y.clone()),
+        shape: s,
+    };
+    let (z, bn, stats) = bn_pool_train(&shape, y, stats, eps, gp, &betap);
     let z = match ConvBnPoolBackward
         .prepare::<NoCheckpointing>([x.node, w.node, b.node, g.node, beta.node])
         .compute_bound()
         .stateful()
     {
-        OpsKind::Tracked(prep) => prep.finish(
-            ConvBnPoolState {
-                conv: LayerState {
-                    x: xp,
-                    w: wp,
-                    relu_out: relu.then(|| y.clone()),
-                    shape: s,
-                },
-                bn: BnPoolState {
-                    x: y,
-                    mean,
-                    inv_std: inv,
-                    weight: gp,
-                    z: z.clone(),
-                    argmax: Arc::new(argmax),
-                    x_at: Arc::new(x_at),
-                    shape,
-                },
-            },
-            z,
-        ),
+        OpsKind::Tracked(prep) => prep.finish(ConvBnPoolState { conv, bn }, z),
         OpsKind::UnTracked(prep) => prep.finish(z),
     };
-    (
-        back::<B, 4>(tensor::<Ad, 4>(z)),
-        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(mean_t))),
-        back::<B, 1>(tensor::<Ad, 1>(AdTensor::new(var_t))),
-    )
+    ad_outputs(z, stats)
 }

@@ -89,6 +89,18 @@ struct ConvCase {
     relu: bool,
 }
 
+impl ConvCase {
+    /// The convolution's options (with the fused ReLU when `relu`).
+    fn options(&self) -> Conv2dOptions {
+        let options = Conv2dOptions::new(self.stride, self.padding, self.mode);
+        if self.relu {
+            options.with_relu()
+        } else {
+            options
+        }
+    }
+}
+
 fn conv_case() -> impl Strategy<Value = ConvCase> {
     (
         // In-channels from 8 up run as shifted GEMMs (conv.rs `is_shifted`), below through im2col.
@@ -139,8 +151,7 @@ fn check_conv(case: &ConvCase, seed: u64) {
         kernel,
         ..
     } = *case;
-    let options = Conv2dOptions::new(case.stride, case.padding, case.mode);
-    let options = if case.relu { options.with_relu() } else { options };
+    let options = case.options();
     let (x, x_ref) = same([batch, in_channels, h, w], seed);
     let (wt, wt_ref) = same([out_channels, in_channels, kernel[0], kernel[1]], seed + 1);
     let (b, b_ref) = same([out_channels], seed + 2);
@@ -876,8 +887,7 @@ fn check_conv_moments(case: &ConvCase, after: BatchNormAfter, seed: u64, against
         kernel,
         ..
     } = *case;
-    let options = Conv2dOptions::new(case.stride, case.padding, case.mode);
-    let options = if case.relu { options.with_relu() } else { options };
+    let options = case.options();
     let (x, x_ref) = same_mapped([batch, in_channels, h, w], seed, |v| v + 0.5);
     let (wt, wt_ref) = same([out_channels, in_channels, kernel[0], kernel[1]], seed + 1);
     let (b, b_ref) = same([out_channels], seed + 2);

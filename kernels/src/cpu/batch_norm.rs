@@ -436,16 +436,9 @@ pub fn batch_norm_relu_pool_backward<'o>(
     dbias: Option<&mut [f32]>,
 ) {
     let grad = bn_pool_input_grad(s, x, mean, inv_std, weight, dz, z, argmax, x_at, dweight, dbias);
-    let Some(dx) = dx.map(Into::into) else { return };
-    assert_eq!(
-        dx.len(),
-        x.len(),
-        "batch norm + pool backward: input gradient length"
-    );
-    let image = s.channels * s.in_h * s.in_w;
-    dx.par_chunks_mut(image)
-        .enumerate()
-        .for_each(|(n, dx)| grad.images(n, dx));
+    if let Some(dx) = dx {
+        grad.all(dx);
+    }
 }
 
 /// [`batch_norm_relu_pool_backward`]'s input gradient, image by image ([`Self::images`]): what
@@ -461,6 +454,20 @@ pub struct BnPoolInputGrad<'a> {
 }
 
 impl BnPoolInputGrad<'_> {
+    /// The whole input gradient into `dx`, images in parallel.
+    pub fn all<'o>(&self, dx: impl Into<Out<'o>>) {
+        let dx = dx.into();
+        assert_eq!(
+            dx.len(),
+            self.x.len(),
+            "batch norm + pool backward: input gradient length"
+        );
+        let image = self.s.channels * self.s.in_h * self.s.in_w;
+        dx.par_chunks_mut(image.max(1))
+            .enumerate()
+            .for_each(|(n, dx)| self.images(n, dx));
+    }
+
     /// The input gradient of images `first..first + dx.len() / image` into `dx` (every element):
     /// the same values as [`batch_norm_relu_pool_backward`] writes there.
     ///

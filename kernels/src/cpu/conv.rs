@@ -803,12 +803,7 @@ pub fn conv2d_backward<'o>(
     dweight: Option<&mut [f32]>,
     dbias: Option<&mut [f32]>,
 ) {
-    assert_eq!(
-        dy.len(),
-        s.batch * s.out_image(),
-        "conv2d backward: output gradient length"
-    );
-    backward(s, x, weight, OutputGrad::Values(dy), relu_out, dx, dweight, dbias)
+    conv2d_backward_from(s, x, weight, OutputGrad::Values(dy), relu_out, dx, dweight, dbias)
 }
 
 /// The output gradient a convolution's backward reads: given whole, or produced a few images at
@@ -856,20 +851,6 @@ pub fn conv2d_backward_from<'o>(
             "conv2d backward: output gradient length"
         );
     }
-    backward(s, x, weight, dy, relu_out, dx, dweight, dbias)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn backward<'o>(
-    s: &ConvShape,
-    x: &[f32],
-    weight: &[f32],
-    dy: OutputGrad<'_>,
-    relu_out: Option<&[f32]>,
-    dx: Option<impl Into<Out<'o>>>,
-    dweight: Option<&mut [f32]>,
-    dbias: Option<&mut [f32]>,
-) {
     let dx = dx.map(Into::into);
     assert!(s.is_valid(), "conv2d backward: invalid shapes {s:?}");
     assert_eq!(x.len(), s.batch * s.in_image(), "conv2d backward: input length");
