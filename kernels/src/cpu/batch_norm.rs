@@ -487,7 +487,6 @@ impl BnPoolInputGrad<'_> {
             first + images <= s.batch,
             "batch norm + pool backward: images past the batch"
         );
-        let gate = |dz: f32, z: f32| if z <= 0.0 { 0.0 } else { f64::from(dz) };
         for (j, dx) in dx.chunks_exact_mut(image).enumerate() {
             let n = first + j;
             let x = &self.x[n * image..][..image];
@@ -508,7 +507,7 @@ impl BnPoolInputGrad<'_> {
                         // ... then at each window's maximum with its own g.
                         let at = c * pooled..(c + 1) * pooled;
                         for ((&d, &y), &i) in dz[at.clone()].iter().zip(&z[at.clone()]).zip(&argmax[at]) {
-                            let g = gate(d, y);
+                            let g = pool_gate(d, y);
                             let i = i as usize;
                             dx[i] = rule.dx(g, x[i]);
                         }
@@ -516,6 +515,17 @@ impl BnPoolInputGrad<'_> {
                 },
             )
         }
+    }
+}
+
+/// The pooled gradient `dz` that reaches the normalisation, as `batch_norm_backward`'s gate:
+/// it passes where the ReLU's (pooled) output `z` is not `<= 0`.
+#[inline(always)]
+fn pool_gate(dz: f32, z: f32) -> f64 {
+    if z <= 0.0 {
+        0.0
+    } else {
+        f64::from(dz)
     }
 }
 
@@ -558,8 +568,6 @@ pub fn bn_pool_input_grad<'a>(
         s.channels,
         "batch norm + pool backward: per-channel length"
     );
-    // As `batch_norm_backward`'s gate: `dz` passes where the ReLU's output is not `<= 0`.
-    let gate = |dz: f32, z: f32| if z <= 0.0 { 0.0 } else { f64::from(dz) };
     let out_image = s.channels * pooled;
     let per_image: Vec<Vec<(f64, f64)>> = dz
         .par_chunks(out_image)
@@ -577,7 +585,7 @@ pub fn bn_pool_input_grad<'a>(
                             let m = mean[c];
                             let (mut sum, mut dot) = ([0.0f64; LANES], [0.0f64; LANES]);
                             for (k, ((&d, &y), &v)) in dz.iter().zip(z).zip(x_at).enumerate() {
-                                let g = gate(d, y);
+                                let g = pool_gate(d, y);
                                 sum[k % LANES] += g;
                                 dot[k % LANES] += g * (f64::from(v) - m);
                             }
