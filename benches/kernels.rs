@@ -5,17 +5,19 @@
 
 use divan::counter::ItemsCount;
 use ember_kernels::cpu::batch_norm::{
-    batch_norm_backward, batch_norm_relu_pool_backward, batch_stats, bn_pool_input_grad, combine_moments,
-    inv_std, normalise, normalise_add_relu, normalise_relu_pool, to_f32, BnPoolShape, BnShape, MapMoments,
+    batch_norm_backward, batch_norm_relu_pool_backward, batch_stats, batch_stats_from, bn_pool_input_grad,
+    combine_moments, inv_std, normalise, normalise_add_relu, normalise_relu_pool, normalise_relu_pool_from,
+    to_f32, BnPoolShape, BnShape, MapMoments,
 };
 use ember_kernels::cpu::conv::{
-    conv2d_backward, conv2d_backward_from, conv2d_forward, conv2d_forward_moments, ConvShape, OutputGrad,
+    conv2d_backward, conv2d_backward_from, conv2d_forward, conv2d_forward_moments, ConvImages, ConvShape,
     PadMode,
 };
 use ember_kernels::cpu::dropout::{dropout_backward, dropout_forward, DropoutMask};
 use ember_kernels::cpu::linear::{linear_backward, linear_forward, LinearShape};
 use ember_kernels::cpu::optim::{update, Rule};
 use ember_kernels::cpu::pool::{max_pool2d_backward, max_pool2d_forward, PoolShape};
+use ember_kernels::cpu::Images;
 
 fn main() {
     divan::main();
@@ -474,6 +476,49 @@ fn conv_bn_stats(bencher: divan::Bencher, (which, moments): (usize, bool)) {
         });
 }
 
+/// The forward of a convolution followed by batch norm (training), ReLU and 2x2 max pool at the
+/// speedrun net's first block (`CONVS` 9), as the one node runs it: the convolution stored
+/// with its moments, then the normalise + pool pass reading it back; or (`again`) its output
+/// computed again image by image for the statistics and for the normalise + pool pass
+/// (`ConvImages`), never stored.
+#[divan::bench(args = [false, true], sample_count = 20)]
+fn conv_bn_pool_fwd(bencher: divan::Bencher, again: bool) {
+    let (_, s, _) = CONVS[9];
+    let (x, w) = (ramp(s.batch * s.in_image()), ramp(s.weight_len()));
+    let sh = BnPoolShape {
+        batch: s.batch,
+        channels: s.out_channels,
+        in_h: s.out_h(),
+        in_w: s.out_w(),
+    };
+    let (g, beta) = (ramp(s.out_channels), ramp(s.out_channels));
+    let n = sh.out_len();
+    let normalise_pool = |y: Images<'_>, (mean, var): (Vec<f64>, Vec<f64>)| {
+        let (mean, inv) = (to_f32(&mean), to_f32(&inv_std(&var, 1e-5)));
+        let (mut z, mut argmax) = (vec![0.0; n], vec![0u32; n]);
+        let x_at = ember_kernels::cpu::fresh(n, |x_at| {
+            normalise_relu_pool_from(&sh, y, &mean, &inv, &g, &beta, &mut z, &mut argmax, x_at)
+        });
+        (z, argmax, x_at)
+    };
+    let images = ConvImages::recompute(&s, &x, &w, None).expect("a first layer");
+    bencher
+        .counter(ItemsCount::new(s.forward_macs()))
+        .bench_local(|| {
+            if again {
+                let produce = |first: usize, y: &mut [f32]| images.images(first, y);
+                let y = Images::Produce(&produce);
+                normalise_pool(y, batch_stats_from(&sh.bn(), y))
+            } else {
+                let mut maps = vec![MapMoments::default(); s.batch * s.out_channels];
+                let y = ember_kernels::cpu::fresh(s.batch * s.out_image(), |y| {
+                    conv2d_forward_moments(&s, &x, &w, None, false, y, &mut maps)
+                });
+                normalise_pool(Images::Values(&y), combine_moments(&sh.bn(), &maps))
+            }
+        });
+}
+
 /// The backward of a convolution followed by batch norm, ReLU and 2x2 max pool, at the speedrun
 /// net's first two blocks (`CONVS` 9, 7; the first without an input gradient, as in the model):
 /// as two ops (`batch_norm_relu_pool_backward` writes the batch norm's full-size input
@@ -521,9 +566,20 @@ fn conv_bn_pool_bwd(bencher: divan::Bencher, (which, one_node): (usize, bool)) {
         .bench_local(|| {
             let dx = input_grad.then_some(&mut dx[..]);
             if one_node {
+                // The node computes a first layer's output again instead of reading it.
+                let again = ConvImages::recompute(&s, &x, &w, None);
+                let produce_y = |first: usize, y: &mut [f32]| {
+                    if let Some(again) = &again {
+                        again.images(first, y)
+                    }
+                };
+                let y = match again {
+                    Some(_) => Images::Produce(&produce_y),
+                    None => Images::Values(&y),
+                };
                 let grad = bn_pool_input_grad(
                     &sh,
-                    &y,
+                    y,
                     &mean,
                     &inv,
                     &g,
@@ -539,7 +595,7 @@ fn conv_bn_pool_bwd(bencher: divan::Bencher, (which, one_node): (usize, bool)) {
                     &s,
                     &x,
                     &w,
-                    OutputGrad::Produce(&produce),
+                    Images::Produce(&produce),
                     None,
                     dx,
                     Some(&mut dw),

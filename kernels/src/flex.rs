@@ -17,13 +17,15 @@ use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 
 use crate::cpu;
 use crate::cpu::batch_norm::{
-    batch_norm_backward, batch_stats, bn_pool_input_grad, combine_moments, inv_std, normalise,
-    normalise_add_relu, normalise_relu_pool, to_f32, BnPoolInputGrad, BnPoolShape, BnShape, MapMoments,
+    batch_norm_backward, batch_stats, batch_stats_from, bn_pool_input_grad, combine_moments, inv_std,
+    normalise, normalise_add_relu, normalise_relu_pool_from, to_f32, BnPoolInputGrad, BnPoolShape, BnShape,
+    MapMoments,
 };
-use crate::cpu::conv::{conv2d_backward_from, conv2d_forward, conv2d_forward_moments, ConvShape, OutputGrad};
+use crate::cpu::conv::{conv2d_backward_from, conv2d_forward, conv2d_forward_moments, ConvImages, ConvShape};
 use crate::cpu::dropout::{dropout_backward, dropout_forward, DropoutMask};
 use crate::cpu::linear::LinearShape;
 use crate::cpu::pool::{max_pool2d_backward, max_pool2d_forward, PoolShape};
+use crate::cpu::Images;
 use crate::{cast, same_type};
 
 /// The autodiff backend the kernels serve: `Autodiff<Flex>` with burn's default (no)
@@ -185,7 +187,7 @@ impl Backward<Flex, 3> for ConvBackward {
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dy = contiguous(grads.consume::<Flex>(&ops.node));
         let parents = ops.parents.map(|p| p.map(|n| n.id));
-        conv_grads(&ops.state, OutputGrad::Values(f32s(&dy)), parents, grads);
+        conv_grads(&ops.state, Images::Values(f32s(&dy)), parents, grads);
     }
 }
 
@@ -193,7 +195,7 @@ impl Backward<Flex, 3> for ConvBackward {
 /// registered in `grads`.
 fn conv_grads(
     conv: &LayerState<ConvShape>,
-    dy: OutputGrad<'_>,
+    dy: Images<'_>,
     [node_x, node_w, node_b]: [Option<NodeId>; 3],
     grads: &mut Gradients,
 ) {
@@ -772,11 +774,12 @@ pub(crate) fn batch_norm_eval<B: Backend>(
 #[derive(Debug)]
 struct BnPoolBackward;
 
-/// What the fused batch norm + ReLU + pool's backward reads: the input, the batch's statistics,
-/// the scale, and the pooled output with its argmax and the input there (all pooled-size).
+/// What the fused batch norm + ReLU + pool's backward reads: the input (`None` where the one
+/// node computes it again from the convolution), the batch's statistics, the scale, and the
+/// pooled output with its argmax and the input there (all pooled-size).
 #[derive(Clone)]
 struct BnPoolState {
-    x: FlexTensor,
+    x: Option<FlexTensor>,
     mean: Vec<f64>,
     inv_std: Vec<f64>,
     weight: FlexTensor,
@@ -799,7 +802,12 @@ impl Backward<Flex, 3> for BnPoolBackward {
         let [node_x, node_w, node_b] = ops.parents.map(|p| p.map(|n| n.id));
         let dz = contiguous(grads.consume::<Flex>(&ops.node));
         let sh = ops.state.shape;
-        let grad = bn_pool_grads(&ops.state, &dz, [node_w, node_b], grads);
+        let x = ops
+            .state
+            .x
+            .as_ref()
+            .expect("the batch norm + pool node keeps its input");
+        let grad = bn_pool_grads(&ops.state, Images::Values(f32s(x)), &dz, [node_w, node_b], grads);
         let dx = fresh_if(node_x.is_some(), sh.bn().len(), |dx| {
             if let Some(dx) = dx {
                 grad.all(dx)
@@ -813,6 +821,7 @@ impl Backward<Flex, 3> for BnPoolBackward {
 /// that want them) and its input gradient, to take whole or image by image.
 fn bn_pool_grads<'a>(
     s: &'a BnPoolState,
+    x: Images<'a>,
     dz: &'a FlexTensor,
     [node_w, node_b]: [Option<NodeId>; 2],
     grads: &mut Gradients,
@@ -822,7 +831,7 @@ fn bn_pool_grads<'a>(
     let mut db = node_b.as_ref().map(|_| vec![0.0; c]);
     let grad = bn_pool_input_grad(
         &s.shape,
-        f32s(&s.x),
+        x,
         &s.mean,
         &s.inv_std,
         f32s(&s.weight),
@@ -841,7 +850,7 @@ fn bn_pool_grads<'a>(
 /// The fused forward: pooled output, argmax and input at the maxima.
 fn bn_pool_forward(
     s: &BnPoolShape,
-    x: &FlexTensor,
+    x: Images<'_>,
     mean: &[f32],
     inv: &[f32],
     w: &FlexTensor,
@@ -852,7 +861,7 @@ fn bn_pool_forward(
     let z = cpu::fresh(n, |z| {
         argmax = cpu::fresh(n, |argmax| {
             x_at = cpu::fresh(n, |x_at| {
-                normalise_relu_pool(s, f32s(x), mean, inv, f32s(w), f32s(b), z, argmax, x_at)
+                normalise_relu_pool_from(s, x, mean, inv, f32s(w), f32s(b), z, argmax, x_at)
             })
         })
     });
@@ -876,7 +885,7 @@ pub(crate) fn batch_norm_relu_pool_train<B: Backend>(
     if is_flex::<B>() {
         let [x, w, b] = [flex_prim(x), flex_prim(weight), flex_prim(bias)].map(contiguous);
         let stats = stats_of(&shape.bn(), &x, moments.as_deref());
-        let (z, _, [mean, var]) = bn_pool_train(&shape, x, stats, eps, w, &b);
+        let (z, _, [mean, var]) = bn_pool_train(&shape, Images::Values(f32s(&x)), None, stats, eps, w, &b);
         return (
             back::<B, 4>(tensor::<Flex, 4>(z)),
             back::<B, 1>(tensor::<Flex, 1>(mean)),
@@ -886,7 +895,15 @@ pub(crate) fn batch_norm_relu_pool_train<B: Backend>(
     let (x, w, b) = (ad_prim(x), ad_prim(weight), ad_prim(bias));
     let [xp, wp, bp] = [x.primitive, w.primitive, b.primitive].map(contiguous);
     let stats = stats_of(&shape.bn(), &xp, moments.as_deref());
-    let (z, state, stats) = bn_pool_train(&shape, xp, stats, eps, wp, &bp);
+    let (z, state, stats) = bn_pool_train(
+        &shape,
+        Images::Values(f32s(&xp)),
+        Some(xp.clone()),
+        stats,
+        eps,
+        wp,
+        &bp,
+    );
     let z = match BnPoolBackward
         .prepare::<NoCheckpointing>([x.node, w.node, b.node])
         .compute_bound()
@@ -899,21 +916,23 @@ pub(crate) fn batch_norm_relu_pool_train<B: Backend>(
 }
 
 /// Batch norm (training, the batch's `(mean, var)`), ReLU and 2x2 pool on `x`: the pooled
-/// output, the state its backward keeps, and the mean and variance as tensors.
+/// output, the state its backward keeps (with `keep`, the input as a tensor, or `None` where
+/// the backward produces it again), and the mean and variance as tensors.
 fn bn_pool_train(
     shape: &BnPoolShape,
-    x: FlexTensor,
+    x: Images<'_>,
+    keep: Option<FlexTensor>,
     (mean, var): (Vec<f64>, Vec<f64>),
     eps: f64,
     weight: FlexTensor,
     bias: &FlexTensor,
 ) -> (FlexTensor, BnPoolState, [FlexTensor; 2]) {
     let inv = inv_std(&var, eps);
-    let (z, argmax, x_at) = bn_pool_forward(shape, &x, &to_f32(&mean), &to_f32(&inv), &weight, bias);
+    let (z, argmax, x_at) = bn_pool_forward(shape, x, &to_f32(&mean), &to_f32(&inv), &weight, bias);
     let c = shape.channels;
     let stats = [from_vec(to_f32(&mean), [c]), from_vec(to_f32(&var), [c])];
     let state = BnPoolState {
-        x,
+        x: keep,
         mean,
         inv_std: inv,
         weight,
@@ -957,21 +976,32 @@ pub(crate) fn batch_norm_relu_pool_eval<B: Backend>(
     ]
     .map(contiguous);
     let inv = running_inv_std(&var, eps);
-    let (z, _, _) = bn_pool_forward(&shape, &x, f32s(&mean), &inv, &w, &b);
+    let (z, _, _) = bn_pool_forward(&shape, Images::Values(f32s(&x)), f32s(&mean), &inv, &w, &b);
     back::<B, 4>(tensor::<Flex, 4>(z))
 }
 
 /// A convolution, then batch norm (training), ReLU and 2x2 max pool, as one autodiff node whose
 /// backward never stores the convolution's output gradient: the batch norm's input gradient is
 /// produced a few images at a time inside the convolution's backward, while they are in cache
-/// ([`OutputGrad::Produce`]). The same values as the two nodes.
+/// ([`Images::Produce`]). Where the convolution is cheap to compute again ([`ConvImages`], a
+/// first layer), its output is not stored either: the statistics, the normalise + pool pass
+/// and the input gradient each compute it again, image by image. The same values as the two
+/// nodes.
 #[derive(Debug)]
 struct ConvBnPoolBackward;
 
 #[derive(Clone, Debug)]
 struct ConvBnPoolState {
     conv: LayerState<ConvShape>,
+    /// The convolution's bias where its output is computed again (`bn.x` is then `None`).
+    again: Option<FlexTensor>,
     bn: BnPoolState,
+}
+
+/// The convolution of `conv` (bias `b`, no ReLU) computed again image by image
+/// ([`ConvImages`]), where that applies.
+fn conv_again<'a>(conv: &'a LayerState<ConvShape>, b: &'a FlexTensor) -> Option<ConvImages<'a>> {
+    ConvImages::recompute(&conv.shape, f32s(&conv.x), f32s(&conv.w), Some(f32s(b)))
 }
 
 impl Backward<Flex, 5> for ConvBnPoolBackward {
@@ -979,12 +1009,24 @@ impl Backward<Flex, 5> for ConvBnPoolBackward {
 
     fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dz = contiguous(grads.consume::<Flex>(&ops.node));
-        let ConvBnPoolState { conv, bn } = ops.state;
+        let ConvBnPoolState { conv, again, bn } = ops.state;
         let parents = ops.parents.map(|p| p.map(|n| n.id));
-        let grad = bn_pool_grads(&bn, &dz, [parents[3], parents[4]], grads);
+        let images = again
+            .as_ref()
+            .map(|b| conv_again(&conv, b).expect("computed again in the forward"));
+        let produce_y = |first: usize, y: &mut [f32]| {
+            if let Some(images) = &images {
+                images.images(first, y)
+            }
+        };
+        let y = match &bn.x {
+            Some(y) => Images::Values(f32s(y)),
+            None => Images::Produce(&produce_y),
+        };
+        let grad = bn_pool_grads(&bn, y, &dz, [parents[3], parents[4]], grads);
         let produce = |first: usize, dy: &mut [f32]| grad.images(first, dy);
         let conv_parents = [parents[0], parents[1], parents[2]];
-        conv_grads(&conv, OutputGrad::Produce(&produce), conv_parents, grads);
+        conv_grads(&conv, Images::Produce(&produce), conv_parents, grads);
     }
 }
 
@@ -1008,22 +1050,43 @@ pub(crate) fn conv2d_batch_norm_relu_pool_train<B: Backend>(
     let (g, beta) = (ad_prim(bn_weight), ad_prim(bn_bias));
     let [xp, wp, bp, gp, betap] =
         [x.primitive, w.primitive, b.primitive, g.primitive, beta.primitive].map(contiguous);
-    let mut moments = vec![MapMoments::default(); s.batch * s.out_channels];
-    let y = conv_forward(&xp, &wp, Some(&bp), &s, relu, Some(&mut moments));
-    let stats = combine_moments(&shape.bn(), &moments);
-    let conv = LayerState {
+    let mut conv = LayerState {
         x: xp,
         w: wp,
-        relu_out: relu.then(|| y.clone()),
+        relu_out: None,
         shape: s,
     };
-    let (z, bn, stats) = bn_pool_train(&shape, y, stats, eps, gp, &betap);
+    let (z, bn, stats, again) = match conv_again(&conv, &bp).filter(|_| !relu) {
+        Some(images) => {
+            let produce = |first: usize, y: &mut [f32]| images.images(first, y);
+            let y = Images::Produce(&produce);
+            let stats = batch_stats_from(&shape.bn(), y);
+            let (z, bn, stats) = bn_pool_train(&shape, y, None, stats, eps, gp, &betap);
+            (z, bn, stats, Some(bp))
+        }
+        None => {
+            let mut moments = vec![MapMoments::default(); s.batch * s.out_channels];
+            let y = conv_forward(&conv.x, &conv.w, Some(&bp), &s, relu, Some(&mut moments));
+            conv.relu_out = relu.then(|| y.clone());
+            let stats = combine_moments(&shape.bn(), &moments);
+            let (z, bn, stats) = bn_pool_train(
+                &shape,
+                Images::Values(f32s(&y)),
+                Some(y.clone()),
+                stats,
+                eps,
+                gp,
+                &betap,
+            );
+            (z, bn, stats, None)
+        }
+    };
     let z = match ConvBnPoolBackward
         .prepare::<NoCheckpointing>([x.node, w.node, b.node, g.node, beta.node])
         .compute_bound()
         .stateful()
     {
-        OpsKind::Tracked(prep) => prep.finish(ConvBnPoolState { conv, bn }, z),
+        OpsKind::Tracked(prep) => prep.finish(ConvBnPoolState { conv, again, bn }, z),
         OpsKind::UnTracked(prep) => prep.finish(z),
     };
     ad_outputs(z, stats)

@@ -11,7 +11,7 @@ use super::pool::pool_2x2;
 #[cfg(test)]
 use super::pool::PoolShape;
 use super::simd::wide;
-use super::{lane_sum, Out};
+use super::{lane_sum, Images, Out};
 
 /// `batch` images of `channels` maps of `plane` (height x width) elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,6 +159,20 @@ pub fn batch_stats(s: &BnShape, x: &[f32]) -> (Vec<f64>, Vec<f64>) {
     assert_eq!(x.len(), s.len(), "batch norm: input length");
     let maps = per_map(s, x, map_moments);
     combine_moments(s, &maps)
+}
+
+/// [`batch_stats`] of an input given whole or produced image by image ([`Images::Produce`]):
+/// the same values.
+pub fn batch_stats_from(s: &BnShape, x: Images<'_>) -> (Vec<f64>, Vec<f64>) {
+    if let Images::Values(x) = x {
+        return batch_stats(s, x);
+    }
+    let mut moments = vec![MapMoments::default(); s.batch * s.channels];
+    moments
+        .par_chunks_mut(s.channels.max(1))
+        .enumerate()
+        .for_each(|(n, m)| x.with(s.channels * s.plane, n, 1, 3, |x| image_moments(s.plane, x, m)));
+    combine_moments(s, &moments)
 }
 
 /// `1 / sqrt(var + eps)` per channel.
@@ -355,10 +369,40 @@ pub fn normalise_relu_pool<'o>(
     argmax: impl Into<Out<'o, u32>>,
     x_at: impl Into<Out<'o>>,
 ) {
+    assert_eq!(x.len(), s.bn().len(), "batch norm + pool: input length");
+    normalise_relu_pool_from(
+        s,
+        Images::Values(x),
+        mean,
+        inv_std,
+        weight,
+        bias,
+        out,
+        argmax,
+        x_at,
+    )
+}
+
+/// [`normalise_relu_pool`] with the input given whole or produced image by image
+/// ([`Images::Produce`], e.g. a convolution computed again): the same values.
+#[allow(clippy::too_many_arguments)]
+pub fn normalise_relu_pool_from<'o>(
+    s: &BnPoolShape,
+    x: Images<'_>,
+    mean: &[f32],
+    inv_std: &[f32],
+    weight: &[f32],
+    bias: &[f32],
+    out: impl Into<Out<'o>>,
+    argmax: impl Into<Out<'o, u32>>,
+    x_at: impl Into<Out<'o>>,
+) {
     let (out, argmax, x_at) = (out.into(), argmax.into(), x_at.into());
     assert!(s.is_valid(), "batch norm + pool: invalid shape {s:?}");
     let (plane, pooled) = (s.in_h * s.in_w, s.out_plane());
-    assert_eq!(x.len(), s.bn().len(), "batch norm + pool: input length");
+    if let Images::Values(x) = x {
+        assert_eq!(x.len(), s.bn().len(), "batch norm + pool: input length");
+    }
     for v in [&out, &x_at] {
         assert_eq!(v.len(), s.out_len(), "batch norm + pool: output length");
     }
@@ -368,18 +412,20 @@ pub fn normalise_relu_pool<'o>(
     }
     assert!(plane <= u32::MAX as usize, "batch norm + pool: plane too large");
     let (image, out_image) = (s.channels * plane, s.channels * pooled);
-    x.par_chunks(image)
-        .zip(out.par_chunks_mut(out_image))
+    out.par_chunks_mut(out_image)
         .zip(
             argmax
                 .par_chunks_mut(out_image)
                 .zip(x_at.par_chunks_mut(out_image)),
         )
-        .for_each(|((x, out), (argmax, x_at))| {
-            wide(
-                #[inline(always)]
-                || normalise_relu_pool_image(s, x, mean, inv_std, weight, bias, out, argmax, x_at),
-            )
+        .enumerate()
+        .for_each(|(n, (out, (argmax, x_at)))| {
+            x.with(image, n, 1, 3, |x| {
+                wide(
+                    #[inline(always)]
+                    || normalise_relu_pool_image(s, x, mean, inv_std, weight, bias, out, argmax, x_at),
+                )
+            })
         });
 }
 
@@ -435,6 +481,8 @@ pub fn batch_norm_relu_pool_backward<'o>(
     dweight: Option<&mut [f32]>,
     dbias: Option<&mut [f32]>,
 ) {
+    assert_eq!(x.len(), s.bn().len(), "batch norm + pool backward: input length");
+    let x = Images::Values(x);
     let grad = bn_pool_input_grad(s, x, mean, inv_std, weight, dz, z, argmax, x_at, dweight, dbias);
     if let Some(dx) = dx {
         grad.all(dx);
@@ -443,11 +491,11 @@ pub fn batch_norm_relu_pool_backward<'o>(
 
 /// [`batch_norm_relu_pool_backward`]'s input gradient, image by image ([`Self::images`]): what
 /// a convolution's backward before the batch norm reads a few images at a time
-/// ([`super::conv::OutputGrad::Produce`]) instead of the whole of it from memory.
+/// ([`Images::Produce`]) instead of the whole of it from memory.
 pub struct BnPoolInputGrad<'a> {
     s: BnPoolShape,
     rules: Vec<DxRule>,
-    x: &'a [f32],
+    x: Images<'a>,
     dz: &'a [f32],
     z: &'a [f32],
     argmax: &'a [u32],
@@ -459,7 +507,7 @@ impl BnPoolInputGrad<'_> {
         let dx = dx.into();
         assert_eq!(
             dx.len(),
-            self.x.len(),
+            self.s.bn().len(),
             "batch norm + pool backward: input gradient length"
         );
         let image = self.s.channels * self.s.in_h * self.s.in_w;
@@ -489,31 +537,32 @@ impl BnPoolInputGrad<'_> {
         );
         for (j, dx) in dx.chunks_exact_mut(image).enumerate() {
             let n = first + j;
-            let x = &self.x[n * image..][..image];
             let (dz, z, argmax) = (
                 &self.dz[n * out_image..][..out_image],
                 &self.z[n * out_image..][..out_image],
                 &self.argmax[n * out_image..][..out_image],
             );
-            wide(
-                #[inline(always)]
-                || {
-                    for (c, rule) in self.rules.iter().enumerate() {
-                        let (dx, x) = (&mut dx[c * plane..][..plane], &x[c * plane..][..plane]);
-                        // `batch_norm_backward`'s formula with g = 0 ...
-                        for (d, &x) in dx.iter_mut().zip(x) {
-                            *d = rule.dx(0.0, x);
+            self.x.with(image, n, 1, 3, |x| {
+                wide(
+                    #[inline(always)]
+                    || {
+                        for (c, rule) in self.rules.iter().enumerate() {
+                            let (dx, x) = (&mut dx[c * plane..][..plane], &x[c * plane..][..plane]);
+                            // `batch_norm_backward`'s formula with g = 0 ...
+                            for (d, &x) in dx.iter_mut().zip(x) {
+                                *d = rule.dx(0.0, x);
+                            }
+                            // ... then at each window's maximum with its own g.
+                            let at = c * pooled..(c + 1) * pooled;
+                            for ((&d, &y), &i) in dz[at.clone()].iter().zip(&z[at.clone()]).zip(&argmax[at]) {
+                                let g = pool_gate(d, y);
+                                let i = i as usize;
+                                dx[i] = rule.dx(g, x[i]);
+                            }
                         }
-                        // ... then at each window's maximum with its own g.
-                        let at = c * pooled..(c + 1) * pooled;
-                        for ((&d, &y), &i) in dz[at.clone()].iter().zip(&z[at.clone()]).zip(&argmax[at]) {
-                            let g = pool_gate(d, y);
-                            let i = i as usize;
-                            dx[i] = rule.dx(g, x[i]);
-                        }
-                    }
-                },
-            )
+                    },
+                )
+            })
         }
     }
 }
@@ -530,11 +579,13 @@ fn pool_gate(dz: f32, z: f32) -> f64 {
 }
 
 /// [`batch_norm_relu_pool_backward`]'s per-channel sums (over the pooled elements), `dweight`
-/// and `dbias` from them, and its input gradient to take image by image.
+/// and `dbias` from them, and its input gradient to take image by image. The sums read only the
+/// pooled elements (`x_at`); the input `x` (given whole or produced image by image) is read when
+/// the input gradient is taken.
 #[allow(clippy::too_many_arguments)]
 pub fn bn_pool_input_grad<'a>(
     s: &BnPoolShape,
-    x: &'a [f32],
+    x: Images<'a>,
     mean: &[f64],
     inv_std: &[f64],
     weight: &[f32],
@@ -547,7 +598,9 @@ pub fn bn_pool_input_grad<'a>(
 ) -> BnPoolInputGrad<'a> {
     assert!(s.is_valid(), "batch norm + pool backward: invalid shape {s:?}");
     let pooled = s.out_plane();
-    assert_eq!(x.len(), s.bn().len(), "batch norm + pool backward: input length");
+    if let Images::Values(x) = x {
+        assert_eq!(x.len(), s.bn().len(), "batch norm + pool backward: input length");
+    }
     for v in [dz, z, x_at] {
         assert_eq!(v.len(), s.out_len(), "batch norm + pool backward: pooled length");
     }

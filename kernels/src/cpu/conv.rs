@@ -16,7 +16,7 @@ use rayon::prelude::*;
 use super::batch_norm::{image_moments, MapMoments};
 use super::out::OutChunk;
 use super::scratch::with_scratch;
-use super::{gemm, lane_sum, out_len, relu_in_place, relu_mask, transpose, Gemm, Out};
+use super::{gemm, lane_sum, out_len, relu_in_place, relu_mask, transpose, Gemm, Images, Out};
 
 mod winograd;
 
@@ -665,22 +665,7 @@ fn forward(
             }
             return;
         }
-        if let Some(bias) = bias {
-            for (row, &b) in out.chunks_exact_mut(pixels).zip(bias) {
-                row.fill(b);
-            }
-        }
-        if s.is_pointwise() {
-            product(x, out, pixels, bias.is_some());
-        } else {
-            with_scratch(0, patch * pixels, |col| {
-                im2col(s, x, col);
-                product(col, out, pixels, bias.is_some());
-            });
-        }
-        if relu {
-            relu_in_place(out);
-        }
+        unfolded_image(s, x, weight, bias, relu, out);
     };
     let together = if direct.is_some() { 1 } else { images_per_gemm(s) };
     if together == 1 {
@@ -725,6 +710,104 @@ fn forward(
             group((x, &mut *out));
             moments_of(s, out, moments);
         });
+}
+
+/// One image by im2col and GEMM (the GEMM alone for a 1x1 convolution), the bias added and
+/// ReLU'd when `relu`: `out` is `[out_channels, out_h, out_w]`.
+fn unfolded_image(
+    s: &ConvShape,
+    x: &[f32],
+    weight: &[f32],
+    bias: Option<&[f32]>,
+    relu: bool,
+    out: &mut [f32],
+) {
+    let (patch, pixels) = (s.patch(), s.pixels());
+    if let Some(bias) = bias {
+        for (row, &b) in out.chunks_exact_mut(pixels).zip(bias) {
+            row.fill(b);
+        }
+    }
+    let product = |col: &[f32], out: &mut [f32]| {
+        weights_times(weight, s.out_channels, patch, col, out, pixels, bias.is_some())
+    };
+    if s.is_pointwise() {
+        product(x, out);
+    } else {
+        with_scratch(0, patch * pixels, |col| {
+            im2col(s, x, col);
+            product(col, out);
+        });
+    }
+    if relu {
+        relu_in_place(out);
+    }
+}
+
+/// A convolution's output computed again, image by image on the calling thread, instead of
+/// stored: the same values as [`conv2d_forward`] writes for those images. For a convolution
+/// whose output is large and cheap to compute (a first layer, with few input channels: the
+/// speedrun net's 1 -> 32 channels at 28x28 writes 100 KB per image from 3 KB of input with
+/// 9 multiply-adds per output element), so that the ops after it read it from cache, not from
+/// memory.
+#[derive(Clone, Copy)]
+pub struct ConvImages<'a> {
+    s: ConvShape,
+    x: &'a [f32],
+    weight: &'a [f32],
+    bias: Option<&'a [f32]>,
+}
+
+/// The longest dot product per output element ([`ConvShape::patch`]) that [`ConvImages`]
+/// computes again: a 3x3 kernel on up to 3 input channels (a first layer).
+const RECOMPUTE_MAX_PATCH: usize = 27;
+
+impl<'a> ConvImages<'a> {
+    /// `conv(x, weight) + bias` (no ReLU) image by image, where that is worth it: `None` unless
+    /// each output element is at most [`RECOMPUTE_MAX_PATCH`] multiply-adds and
+    /// [`conv2d_forward`] computes the shape one image at a time by im2col.
+    ///
+    /// # Panics
+    /// If the shape is invalid or a slice's length does not match it.
+    pub fn recompute(
+        s: &ConvShape,
+        x: &'a [f32],
+        weight: &'a [f32],
+        bias: Option<&'a [f32]>,
+    ) -> Option<Self> {
+        assert!(s.is_valid(), "conv2d: invalid shapes {s:?}");
+        assert_eq!(x.len(), s.batch * s.in_image(), "conv2d: input length");
+        assert_eq!(weight.len(), s.weight_len(), "conv2d: weight length");
+        if let Some(bias) = bias {
+            assert_eq!(bias.len(), s.out_channels, "conv2d: bias length");
+        }
+        let per_image =
+            !winograd::applies(s, winograd::Pass::Forward) && direct(s).is_none() && images_per_gemm(s) == 1;
+        (per_image && s.patch() <= RECOMPUTE_MAX_PATCH).then_some(Self {
+            s: *s,
+            x,
+            weight,
+            bias,
+        })
+    }
+
+    /// The output of images `first..first + out.len() / out_image` into `out` (every element).
+    ///
+    /// # Panics
+    /// If `out` is not a whole number of output images within the batch.
+    pub fn images(&self, first: usize, out: &mut [f32]) {
+        let s = &self.s;
+        assert_eq!(out.len() % s.out_image(), 0, "conv2d: whole output images");
+        let images = out.len() / s.out_image();
+        assert!(first + images <= s.batch, "conv2d: images past the batch");
+        let x = &self.x[first * s.in_image()..][..images * s.in_image()];
+        for (x, out) in x
+            .chunks_exact(s.in_image())
+            .zip(out.chunks_exact_mut(s.out_image()))
+        {
+            unfolded_image(s, x, self.weight, self.bias, false, out);
+        }
+    }
 }
 
 /// `moments` in chunks of `images` images' maps, to zip with the output's chunks of as many
@@ -803,48 +886,24 @@ pub fn conv2d_backward<'o>(
     dweight: Option<&mut [f32]>,
     dbias: Option<&mut [f32]>,
 ) {
-    conv2d_backward_from(s, x, weight, OutputGrad::Values(dy), relu_out, dx, dweight, dbias)
+    conv2d_backward_from(s, x, weight, Images::Values(dy), relu_out, dx, dweight, dbias)
 }
 
-/// The output gradient a convolution's backward reads: given whole, or produced a few images at
-/// a time by the op after the convolution (its own backward), so that it is never stored whole
-/// and each part is read while it is in cache.
-#[derive(Clone, Copy)]
-pub enum OutputGrad<'a> {
-    Values(&'a [f32]),
-    /// `produce(first, dy)` writes the output gradient of images `first..first + dy.len() /
-    /// out_image` into `dy` (every element): the same values for the same images whatever
-    /// the call's extent.
-    Produce(&'a (dyn Fn(usize, &mut [f32]) + Sync)),
-}
-
-impl OutputGrad<'_> {
-    /// `f` on the output gradient of `images` images from `first` (`out_image` elements each).
-    fn with<R>(self, out_image: usize, first: usize, images: usize, f: impl FnOnce(&[f32]) -> R) -> R {
-        match self {
-            OutputGrad::Values(dy) => f(&dy[first * out_image..][..images * out_image]),
-            OutputGrad::Produce(produce) => with_scratch(4, images * out_image, |dy| {
-                produce(first, dy);
-                f(dy)
-            }),
-        }
-    }
-}
-
-/// [`conv2d_backward`] with the output gradient from `dy` ([`OutputGrad`]): the same values as
-/// [`conv2d_backward`] given the whole of it.
+/// [`conv2d_backward`] with the output gradient `dy` given whole or produced a few images at a
+/// time by the op after the convolution (its own backward, [`Images::Produce`]): the same values
+/// as [`conv2d_backward`] given the whole of it.
 #[allow(clippy::too_many_arguments)]
 pub fn conv2d_backward_from<'o>(
     s: &ConvShape,
     x: &[f32],
     weight: &[f32],
-    dy: OutputGrad<'_>,
+    dy: Images<'_>,
     relu_out: Option<&[f32]>,
     dx: Option<impl Into<Out<'o>>>,
     dweight: Option<&mut [f32]>,
     dbias: Option<&mut [f32]>,
 ) {
-    if let OutputGrad::Values(dy) = dy {
+    if let Images::Values(dy) = dy {
         assert_eq!(
             dy.len(),
             s.batch * s.out_image(),
@@ -920,7 +979,7 @@ pub fn conv2d_backward_from<'o>(
             let (n0, wide) = (first + c0, cn * pixels);
             let x_c = &x[n0 * s.in_image()..][..cn * s.in_image()];
             let gather = cn > 1 || relu_out.is_some();
-            dy.with(s.out_image(), n0, cn, |dy_c| {
+            dy.with(s.out_image(), n0, cn, 4, |dy_c| {
                 with_scratch(2, if gather { o * wide } else { 0 }, |dyw| {
                     let dyw: &[f32] = if gather {
                         for (j, dy_n) in dy_c.chunks_exact(s.out_image()).enumerate() {
@@ -1061,7 +1120,7 @@ pub fn conv2d_backward_from<'o>(
                         channel: s.pixels(),
                     }
                 }
-                dy.with(s.out_image(), g * n, images, |dy_c| match relu_out {
+                dy.with(s.out_image(), g * n, images, 4, |dy_c| match relu_out {
                     None => winograd::convolve(t, u, planes(s, dy_c), images, None, false, dx),
                     Some(y) => with_scratch(2, dy_c.len(), |masked| {
                         relu_mask(dy_c, &y[at..][..dy_c.len()], masked);
@@ -1114,6 +1173,59 @@ mod tests {
             false,
             &mut out,
         );
+    }
+
+    /// A first layer's output computed again ([`ConvImages`]), in any extent from any image, has
+    /// the bits [`conv2d_forward`] writes (the ops after it read it in its place); convolutions
+    /// that are costly to compute again or take another path are not offered.
+    #[test]
+    fn images_computed_again_are_the_forwards() {
+        let shape = |batch, in_channels, size, out_channels, k, pad| ConvShape {
+            batch,
+            in_channels,
+            in_h: size,
+            in_w: size,
+            out_channels,
+            kernel: [k, k],
+            stride: [1, 1],
+            padding: [pad, pad],
+            mode: PadMode::Zeros,
+        };
+        let wave =
+            |n: usize, salt: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * 0.37 + salt).sin()).collect() };
+        for (s, biased) in [
+            (shape(5, 1, 28, 32, 3, 1), false), // speedrun block 1
+            (shape(3, 3, 32, 16, 3, 1), true),  // a colour first layer
+            (shape(4, 1, 28, 16, 3, 1), true),  // ResNet-20's stem
+        ] {
+            let (x, w, b) = (
+                wave(s.batch * s.in_image(), 0.1),
+                wave(s.weight_len(), 0.7),
+                wave(s.out_channels, 0.3),
+            );
+            let bias = biased.then_some(&b[..]);
+            let mut whole = vec![0.0; s.batch * s.out_image()];
+            conv2d_forward(&s, &x, &w, bias, false, &mut whole);
+            let images = ConvImages::recompute(&s, &x, &w, bias).expect("a first layer");
+            for (first, n) in [(0, s.batch), (1, 2), (s.batch - 1, 1)] {
+                let mut part = vec![f32::NAN; n * s.out_image()];
+                images.images(first, &mut part);
+                let want = &whole[first * s.out_image()..][..part.len()];
+                assert!(
+                    part.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{s:?}: images {first}..{}",
+                    first + n
+                );
+            }
+        }
+        for s in [
+            shape(2, 32, 14, 64, 3, 1),
+            shape(2, 16, 8, 16, 3, 1),
+            shape(40, 1, 7, 8, 3, 1),
+        ] {
+            let (x, w) = (vec![0.0; s.batch * s.in_image()], vec![0.0; s.weight_len()]);
+            assert!(ConvImages::recompute(&s, &x, &w, None).is_none(), "{s:?}");
+        }
     }
 
     /// Direct convolution in f64: the definition, for checking the kernels.

@@ -15,6 +15,39 @@ mod simd;
 
 pub use out::{fresh, Out};
 
+/// A batch of images' values that a kernel reads: given whole, or produced a few images at a
+/// time by the op that computes them (a backward's gradient, a convolution's output computed
+/// again), so that the whole batch is never stored and each part is read while it is in cache.
+#[derive(Clone, Copy)]
+pub enum Images<'a> {
+    Values(&'a [f32]),
+    /// `produce(first, out)` writes the values of images `first..first + out.len() / image`
+    /// into `out` (every element): the same values for the same images whatever the call's
+    /// extent, on the calling thread.
+    Produce(&'a (dyn Fn(usize, &mut [f32]) + Sync)),
+}
+
+impl Images<'_> {
+    /// `f` on the values of `images` images from `first`, `image` elements each: a slice of
+    /// the values, or this thread's scratch `slot` filled by the producer.
+    pub(crate) fn with<R>(
+        self,
+        image: usize,
+        first: usize,
+        images: usize,
+        slot: usize,
+        f: impl FnOnce(&[f32]) -> R,
+    ) -> R {
+        match self {
+            Images::Values(v) => f(&v[first * image..][..images * image]),
+            Images::Produce(produce) => scratch::with_scratch(slot, images * image, |v| {
+                produce(first, v);
+                f(v)
+            }),
+        }
+    }
+}
+
 /// Whether the AVX-512 paths run here (the CPU has AVX-512F, `EMBER_SIMD` is not `portable`).
 pub(crate) fn simd_avx512() -> bool {
     simd::avx512()
