@@ -485,12 +485,7 @@ fn conv_bn_stats(bencher: divan::Bencher, (which, moments): (usize, bool)) {
 fn conv_bn_pool_fwd(bencher: divan::Bencher, again: bool) {
     let (_, s, _) = CONVS[9];
     let (x, w) = (ramp(s.batch * s.in_image()), ramp(s.weight_len()));
-    let sh = BnPoolShape {
-        batch: s.batch,
-        channels: s.out_channels,
-        in_h: s.out_h(),
-        in_w: s.out_w(),
-    };
+    let sh = BnPoolShape::after(&s);
     let (g, beta) = (ramp(s.out_channels), ramp(s.out_channels));
     let n = sh.out_len();
     let normalise_pool = |y: Images<'_>, (mean, var): (Vec<f64>, Vec<f64>)| {
@@ -531,12 +526,7 @@ fn conv_bn_pool_bwd(bencher: divan::Bencher, (which, one_node): (usize, bool)) {
     let y = ember_kernels::cpu::fresh(s.batch * s.out_image(), |y| {
         conv2d_forward(&s, &x, &w, None, false, y)
     });
-    let sh = BnPoolShape {
-        batch: s.batch,
-        channels: s.out_channels,
-        in_h: s.out_h(),
-        in_w: s.out_w(),
-    };
+    let sh = BnPoolShape::after(&s);
     let (g, beta) = (ramp(s.out_channels), ramp(s.out_channels));
     let (mean, var) = batch_stats(&sh.bn(), &y);
     let inv = inv_std(&var, 1e-5);

@@ -885,7 +885,7 @@ pub(crate) fn batch_norm_relu_pool_train<B: Backend>(
     if is_flex::<B>() {
         let [x, w, b] = [flex_prim(x), flex_prim(weight), flex_prim(bias)].map(contiguous);
         let stats = stats_of(&shape.bn(), &x, moments.as_deref());
-        let (z, _, [mean, var]) = bn_pool_train(&shape, Images::Values(f32s(&x)), None, stats, eps, w, &b);
+        let (z, _, [mean, var]) = bn_pool_train(&shape, BnPoolIn::Kept(x), stats, eps, w, &b);
         return (
             back::<B, 4>(tensor::<Flex, 4>(z)),
             back::<B, 1>(tensor::<Flex, 1>(mean)),
@@ -895,15 +895,7 @@ pub(crate) fn batch_norm_relu_pool_train<B: Backend>(
     let (x, w, b) = (ad_prim(x), ad_prim(weight), ad_prim(bias));
     let [xp, wp, bp] = [x.primitive, w.primitive, b.primitive].map(contiguous);
     let stats = stats_of(&shape.bn(), &xp, moments.as_deref());
-    let (z, state, stats) = bn_pool_train(
-        &shape,
-        Images::Values(f32s(&xp)),
-        Some(xp.clone()),
-        stats,
-        eps,
-        wp,
-        &bp,
-    );
+    let (z, state, stats) = bn_pool_train(&shape, BnPoolIn::Kept(xp), stats, eps, wp, &bp);
     let z = match BnPoolBackward
         .prepare::<NoCheckpointing>([x.node, w.node, b.node])
         .compute_bound()
@@ -915,20 +907,33 @@ pub(crate) fn batch_norm_relu_pool_train<B: Backend>(
     ad_outputs(z, stats)
 }
 
+/// A batch norm + pool's input: a tensor, which its backward keeps, or the values of a
+/// convolution computed again image by image whenever they are read.
+enum BnPoolIn<'a> {
+    Kept(FlexTensor),
+    Again(Images<'a>),
+}
+
 /// Batch norm (training, the batch's `(mean, var)`), ReLU and 2x2 pool on `x`: the pooled
-/// output, the state its backward keeps (with `keep`, the input as a tensor, or `None` where
-/// the backward produces it again), and the mean and variance as tensors.
+/// output, the state its backward keeps, and the mean and variance as tensors.
 fn bn_pool_train(
     shape: &BnPoolShape,
-    x: Images<'_>,
-    keep: Option<FlexTensor>,
+    x: BnPoolIn<'_>,
     (mean, var): (Vec<f64>, Vec<f64>),
     eps: f64,
     weight: FlexTensor,
     bias: &FlexTensor,
 ) -> (FlexTensor, BnPoolState, [FlexTensor; 2]) {
     let inv = inv_std(&var, eps);
-    let (z, argmax, x_at) = bn_pool_forward(shape, x, &to_f32(&mean), &to_f32(&inv), &weight, bias);
+    let images = match &x {
+        BnPoolIn::Kept(x) => Images::Values(f32s(x)),
+        BnPoolIn::Again(images) => *images,
+    };
+    let (z, argmax, x_at) = bn_pool_forward(shape, images, &to_f32(&mean), &to_f32(&inv), &weight, bias);
+    let keep = match x {
+        BnPoolIn::Kept(x) => Some(x),
+        BnPoolIn::Again(_) => None,
+    };
     let c = shape.channels;
     let stats = [from_vec(to_f32(&mean), [c]), from_vec(to_f32(&var), [c])];
     let state = BnPoolState {
@@ -1061,7 +1066,7 @@ pub(crate) fn conv2d_batch_norm_relu_pool_train<B: Backend>(
             let produce = |first: usize, y: &mut [f32]| images.images(first, y);
             let y = Images::Produce(&produce);
             let stats = batch_stats_from(&shape.bn(), y);
-            let (z, bn, stats) = bn_pool_train(&shape, y, None, stats, eps, gp, &betap);
+            let (z, bn, stats) = bn_pool_train(&shape, BnPoolIn::Again(y), stats, eps, gp, &betap);
             (z, bn, stats, Some(bp))
         }
         None => {
@@ -1069,15 +1074,7 @@ pub(crate) fn conv2d_batch_norm_relu_pool_train<B: Backend>(
             let y = conv_forward(&conv.x, &conv.w, Some(&bp), &s, relu, Some(&mut moments));
             conv.relu_out = relu.then(|| y.clone());
             let stats = combine_moments(&shape.bn(), &moments);
-            let (z, bn, stats) = bn_pool_train(
-                &shape,
-                Images::Values(f32s(&y)),
-                Some(y.clone()),
-                stats,
-                eps,
-                gp,
-                &betap,
-            );
+            let (z, bn, stats) = bn_pool_train(&shape, BnPoolIn::Kept(y), stats, eps, gp, &betap);
             (z, bn, stats, None)
         }
     };

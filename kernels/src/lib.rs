@@ -527,7 +527,8 @@ pub fn batch_norm2d_relu_pool2_train<B: Backend>(
 /// batch norm in training mode, ReLU and a 2x2 max pool. On the kernels (autodiff flex) one
 /// autodiff node: the statistics come from the convolution's moments, and the backward never
 /// stores the convolution's full-size output gradient (each few images of it are produced and
-/// consumed in cache); the same values as the two ops. Returns the pooled output and the
+/// consumed in cache); a first layer cheap to compute again (`cpu::conv::ConvImages`) does not
+/// store its output either. The same values as the two ops. Returns the pooled output and the
 /// batch's statistics.
 ///
 /// # Shapes
@@ -545,12 +546,7 @@ pub fn conv2d_batch_norm2d_relu_pool2_train<B: Backend>(
     #[cfg(feature = "flex")]
     if uses_cpu_kernels::<B>() && flex::is_autodiff_flex::<B>() && bn_weight.dtype() == DType::F32 {
         if let Some(s) = conv_shape(&x, &weight, options) {
-            let shape = BnPoolShape {
-                batch: s.batch,
-                channels: s.out_channels,
-                in_h: s.out_h(),
-                in_w: s.out_w(),
-            };
+            let shape = BnPoolShape::after(&s);
             if shape.is_valid() && bn_weight.dims() == [s.out_channels] && bn_bias.dims() == [s.out_channels]
             {
                 let (z, mean, var) = flex::conv2d_batch_norm_relu_pool_train(

@@ -303,6 +303,16 @@ pub struct BnPoolShape {
 }
 
 impl BnPoolShape {
+    /// The batch norm + pool over the output of convolution `s`.
+    pub fn after(s: &super::conv::ConvShape) -> Self {
+        Self {
+            batch: s.batch,
+            channels: s.out_channels,
+            in_h: s.out_h(),
+            in_w: s.out_w(),
+        }
+    }
+
     /// The batch norm's shape.
     pub fn bn(&self) -> BnShape {
         BnShape {
