@@ -337,8 +337,9 @@ fn conv_with_images_side_by_side_matches_burn() {
 /// input gradient 256 channels at any size): odd and even heights and widths (the last tile row
 /// or column half outside the image), channel counts off the GEMM's blocks, one image and
 /// batches that fill several calls with a shorter last one, with and without the fused ReLU (its
-/// gradient masked before the transform), ResNet-18's stages (stage 4's 4x4 images through
-/// Winograd for the input gradient only), and beside them the sizes just under the thresholds
+/// gradient masked before the transform), ResNet-18's stages (stage 4's 4x4 images: where
+/// Winograd applies to the input gradient only, it is taken by the turned kernel's own forward,
+/// images side by side through im2col), and beside them the sizes just under the thresholds
 /// (direct). The transforms' edge cases (1x1 images, tiny channel counts) are tested on
 /// `convolve` itself in `winograd.rs`.
 #[test]
