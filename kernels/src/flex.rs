@@ -774,12 +774,11 @@ pub(crate) fn batch_norm_eval<B: Backend>(
 #[derive(Debug)]
 struct BnPoolBackward;
 
-/// What the fused batch norm + ReLU + pool's backward reads: the input (`None` where the one
-/// node computes it again from the convolution), the batch's statistics, the scale, and the
-/// pooled output with its argmax and the input there (all pooled-size).
+/// What the fused batch norm + ReLU + pool's backward reads besides its input: the batch's
+/// statistics, the scale, and the pooled output with its argmax and the input there (all
+/// pooled-size).
 #[derive(Clone)]
 struct BnPoolState {
-    x: Option<FlexTensor>,
     mean: Vec<f64>,
     inv_std: Vec<f64>,
     weight: FlexTensor,
@@ -795,19 +794,22 @@ impl fmt::Debug for BnPoolState {
     }
 }
 
+/// [`BnPoolBackward`]'s state: the input it keeps, and the rest.
+#[derive(Clone, Debug)]
+struct BnPoolKept {
+    x: FlexTensor,
+    bn: BnPoolState,
+}
+
 impl Backward<Flex, 3> for BnPoolBackward {
-    type State = BnPoolState;
+    type State = BnPoolKept;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_x, node_w, node_b] = ops.parents.map(|p| p.map(|n| n.id));
         let dz = contiguous(grads.consume::<Flex>(&ops.node));
-        let sh = ops.state.shape;
-        let x = ops
-            .state
-            .x
-            .as_ref()
-            .expect("the batch norm + pool node keeps its input");
-        let grad = bn_pool_grads(&ops.state, Images::Values(f32s(x)), &dz, [node_w, node_b], grads);
+        let BnPoolKept { x, bn } = &ops.state;
+        let sh = bn.shape;
+        let grad = bn_pool_grads(bn, Images::Values(f32s(x)), &dz, [node_w, node_b], grads);
         let dx = fresh_if(node_x.is_some(), sh.bn().len(), |dx| {
             if let Some(dx) = dx {
                 grad.all(dx)
@@ -885,7 +887,7 @@ pub(crate) fn batch_norm_relu_pool_train<B: Backend>(
     if is_flex::<B>() {
         let [x, w, b] = [flex_prim(x), flex_prim(weight), flex_prim(bias)].map(contiguous);
         let stats = stats_of(&shape.bn(), &x, moments.as_deref());
-        let (z, _, [mean, var]) = bn_pool_train(&shape, BnPoolIn::Kept(x), stats, eps, w, &b);
+        let (z, _, [mean, var]) = bn_pool_train(&shape, Images::Values(f32s(&x)), stats, eps, w, &b);
         return (
             back::<B, 4>(tensor::<Flex, 4>(z)),
             back::<B, 1>(tensor::<Flex, 1>(mean)),
@@ -895,49 +897,33 @@ pub(crate) fn batch_norm_relu_pool_train<B: Backend>(
     let (x, w, b) = (ad_prim(x), ad_prim(weight), ad_prim(bias));
     let [xp, wp, bp] = [x.primitive, w.primitive, b.primitive].map(contiguous);
     let stats = stats_of(&shape.bn(), &xp, moments.as_deref());
-    let (z, state, stats) = bn_pool_train(&shape, BnPoolIn::Kept(xp), stats, eps, wp, &bp);
+    let (z, bn, stats) = bn_pool_train(&shape, Images::Values(f32s(&xp)), stats, eps, wp, &bp);
     let z = match BnPoolBackward
         .prepare::<NoCheckpointing>([x.node, w.node, b.node])
         .compute_bound()
         .stateful()
     {
-        OpsKind::Tracked(prep) => prep.finish(state, z),
+        OpsKind::Tracked(prep) => prep.finish(BnPoolKept { x: xp, bn }, z),
         OpsKind::UnTracked(prep) => prep.finish(z),
     };
     ad_outputs(z, stats)
 }
 
-/// A batch norm + pool's input: a tensor, which its backward keeps, or the values of a
-/// convolution computed again image by image whenever they are read.
-enum BnPoolIn<'a> {
-    Kept(FlexTensor),
-    Again(Images<'a>),
-}
-
 /// Batch norm (training, the batch's `(mean, var)`), ReLU and 2x2 pool on `x`: the pooled
-/// output, the state its backward keeps, and the mean and variance as tensors.
+/// output, the state its backward keeps besides `x`, and the mean and variance as tensors.
 fn bn_pool_train(
     shape: &BnPoolShape,
-    x: BnPoolIn<'_>,
+    x: Images<'_>,
     (mean, var): (Vec<f64>, Vec<f64>),
     eps: f64,
     weight: FlexTensor,
     bias: &FlexTensor,
 ) -> (FlexTensor, BnPoolState, [FlexTensor; 2]) {
     let inv = inv_std(&var, eps);
-    let images = match &x {
-        BnPoolIn::Kept(x) => Images::Values(f32s(x)),
-        BnPoolIn::Again(images) => *images,
-    };
-    let (z, argmax, x_at) = bn_pool_forward(shape, images, &to_f32(&mean), &to_f32(&inv), &weight, bias);
-    let keep = match x {
-        BnPoolIn::Kept(x) => Some(x),
-        BnPoolIn::Again(_) => None,
-    };
+    let (z, argmax, x_at) = bn_pool_forward(shape, x, &to_f32(&mean), &to_f32(&inv), &weight, bias);
     let c = shape.channels;
     let stats = [from_vec(to_f32(&mean), [c]), from_vec(to_f32(&var), [c])];
     let state = BnPoolState {
-        x: keep,
         mean,
         inv_std: inv,
         weight,
@@ -998,9 +984,18 @@ struct ConvBnPoolBackward;
 #[derive(Clone, Debug)]
 struct ConvBnPoolState {
     conv: LayerState<ConvShape>,
-    /// The convolution's bias where its output is computed again (`bn.x` is then `None`).
-    again: Option<FlexTensor>,
+    y: ConvOut,
     bn: BnPoolState,
+}
+
+/// How [`ConvBnPoolBackward`] reads the convolution's output (the batch norm's input).
+#[derive(Clone, Debug)]
+enum ConvOut {
+    /// Stored by the forward.
+    Kept(FlexTensor),
+    /// Computed again from the convolution's input, weight and this bias ([`conv_again`]
+    /// applies: the forward chose this only where it did).
+    Again(FlexTensor),
 }
 
 /// The convolution of `conv` (bias `b`, no ReLU) computed again image by image
@@ -1014,24 +1009,21 @@ impl Backward<Flex, 5> for ConvBnPoolBackward {
 
     fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
         let dz = contiguous(grads.consume::<Flex>(&ops.node));
-        let ConvBnPoolState { conv, again, bn } = ops.state;
-        let parents = ops.parents.map(|p| p.map(|n| n.id));
-        let images = again
-            .as_ref()
-            .map(|b| conv_again(&conv, b).expect("computed again in the forward"));
-        let produce_y = |first: usize, y: &mut [f32]| {
-            if let Some(images) = &images {
-                images.images(first, y)
+        let ConvBnPoolState { conv, y, bn } = &ops.state;
+        let [node_x, node_w, node_b, node_g, node_beta] = ops.parents.map(|p| p.map(|n| n.id));
+        let backward = |y: Images<'_>, grads: &mut Gradients| {
+            let grad = bn_pool_grads(bn, y, &dz, [node_g, node_beta], grads);
+            let produce = |first: usize, dy: &mut [f32]| grad.images(first, dy);
+            conv_grads(conv, Images::Produce(&produce), [node_x, node_w, node_b], grads);
+        };
+        match y {
+            ConvOut::Kept(y) => backward(Images::Values(f32s(y)), grads),
+            ConvOut::Again(b) => {
+                let images = conv_again(conv, b).expect("the forward computed it again");
+                let produce = |first: usize, y: &mut [f32]| images.images(first, y);
+                backward(Images::Produce(&produce), grads)
             }
-        };
-        let y = match &bn.x {
-            Some(y) => Images::Values(f32s(y)),
-            None => Images::Produce(&produce_y),
-        };
-        let grad = bn_pool_grads(&bn, y, &dz, [parents[3], parents[4]], grads);
-        let produce = |first: usize, dy: &mut [f32]| grad.images(first, dy);
-        let conv_parents = [parents[0], parents[1], parents[2]];
-        conv_grads(&conv, Images::Produce(&produce), conv_parents, grads);
+        }
     }
 }
 
@@ -1061,21 +1053,21 @@ pub(crate) fn conv2d_batch_norm_relu_pool_train<B: Backend>(
         relu_out: None,
         shape: s,
     };
-    let (z, bn, stats, again) = match conv_again(&conv, &bp).filter(|_| !relu) {
+    let (z, y, bn, stats) = match conv_again(&conv, &bp).filter(|_| !relu) {
         Some(images) => {
             let produce = |first: usize, y: &mut [f32]| images.images(first, y);
             let y = Images::Produce(&produce);
             let stats = batch_stats_from(&shape.bn(), y);
-            let (z, bn, stats) = bn_pool_train(&shape, BnPoolIn::Again(y), stats, eps, gp, &betap);
-            (z, bn, stats, Some(bp))
+            let (z, bn, stats) = bn_pool_train(&shape, y, stats, eps, gp, &betap);
+            (z, ConvOut::Again(bp), bn, stats)
         }
         None => {
             let mut moments = vec![MapMoments::default(); s.batch * s.out_channels];
             let y = conv_forward(&conv.x, &conv.w, Some(&bp), &s, relu, Some(&mut moments));
             conv.relu_out = relu.then(|| y.clone());
             let stats = combine_moments(&shape.bn(), &moments);
-            let (z, bn, stats) = bn_pool_train(&shape, BnPoolIn::Kept(y), stats, eps, gp, &betap);
-            (z, bn, stats, None)
+            let (z, bn, stats) = bn_pool_train(&shape, Images::Values(f32s(&y)), stats, eps, gp, &betap);
+            (z, ConvOut::Kept(y), bn, stats)
         }
     };
     let z = match ConvBnPoolBackward
@@ -1083,7 +1075,7 @@ pub(crate) fn conv2d_batch_norm_relu_pool_train<B: Backend>(
         .compute_bound()
         .stateful()
     {
-        OpsKind::Tracked(prep) => prep.finish(ConvBnPoolState { conv, again, bn }, z),
+        OpsKind::Tracked(prep) => prep.finish(ConvBnPoolState { conv, y, bn }, z),
         OpsKind::UnTracked(prep) => prep.finish(z),
     };
     ad_outputs(z, stats)
