@@ -45,6 +45,41 @@ impl BnShape {
 
 const LANES: usize = 16;
 
+/// Batch norm backward's two sums over one map, `(sum g, sum g * (x - m))` in `f64`, where `g`
+/// is `dy`, stopped where the fused ReLU's output `y` (when given) is not positive. Sixteen
+/// interleaved partial sums over the whole blocks of 16, then the last `len % 16` values in
+/// order, then the partial sums in lane order: [`super::simd::Avx512::bn_grad_sums`] takes the
+/// same steps in vectors, with bit-identical results.
+pub(crate) fn grad_sums(x: &[f32], dy: &[f32], y: Option<&[f32]>, m: f64) -> (f64, f64) {
+    assert!(
+        x.len() == dy.len() && y.is_none_or(|y| y.len() == x.len()),
+        "batch norm backward sums: lengths"
+    );
+    let g = |k: usize| {
+        let d = f64::from(dy[k]);
+        match y {
+            Some(y) if f64::from(y[k]) <= 0.0 => 0.0,
+            _ => d,
+        }
+    };
+    let (mut sum, mut dot) = ([0.0f64; LANES], [0.0f64; LANES]);
+    let whole = x.len() / LANES * LANES;
+    for k in (0..whole).step_by(LANES) {
+        for l in 0..LANES {
+            let g = g(k + l);
+            sum[l] += g;
+            dot[l] += g * (f64::from(x[k + l]) - m);
+        }
+    }
+    let (mut sum_r, mut dot_r) = (0.0, 0.0);
+    for k in whole..x.len() {
+        let g = g(k);
+        sum_r += g;
+        dot_r += g * (f64::from(x[k]) - m);
+    }
+    (sum.iter().sum::<f64>() + sum_r, dot.iter().sum::<f64>() + dot_r)
+}
+
 /// `f` of each `plane`-long map of `x` (image x channel), images in parallel, indexed
 /// `[image * channels + channel]`, so that the per-channel combinations below run in image
 /// order whatever the thread count.
@@ -785,6 +820,7 @@ pub fn batch_norm_backward<'o>(
     let gate = |dy: f64, y: f64| if y <= 0.0 { 0.0 } else { dy };
     let y = relu_out.unwrap_or(dy);
     let relu = relu_out.is_some();
+    let cpu = super::simd::Avx512::detect();
     // Per map: sum of g and of g * (x - mean); x and (dy, y) zipped in one pass.
     let image = s.channels * s.plane;
     let maps: Vec<(f64, f64)> = if image == 0 {
@@ -803,26 +839,12 @@ pub fn batch_norm_backward<'o>(
                             |c| {
                                 let at = c * s.plane..(c + 1) * s.plane;
                                 let (x, dy, y) = (&x[at.clone()], &dy[at.clone()], &y[at]);
-                                let m = mean[c];
-                                let (mut sum, mut dot) = ([0.0f64; LANES], [0.0f64; LANES]);
-                                let mut k = 0;
-                                while k + LANES <= x.len() {
-                                    for l in 0..LANES {
-                                        let d = f64::from(dy[k + l]);
-                                        let g = if relu { gate(d, f64::from(y[k + l])) } else { d };
-                                        sum[l] += g;
-                                        dot[l] += g * (f64::from(x[k + l]) - m);
-                                    }
-                                    k += LANES;
+                                let y = relu.then_some(y);
+                                match cpu {
+                                    #[cfg(target_arch = "x86_64")]
+                                    Some(cpu) => cpu.bn_grad_sums(x, dy, y, mean[c]),
+                                    _ => grad_sums(x, dy, y, mean[c]),
                                 }
-                                let (mut sum_r, mut dot_r) = (0.0, 0.0);
-                                for k in k..x.len() {
-                                    let d = f64::from(dy[k]);
-                                    let g = if relu { gate(d, f64::from(y[k])) } else { d };
-                                    sum_r += g;
-                                    dot_r += g * (f64::from(x[k]) - m);
-                                }
-                                (sum.iter().sum::<f64>() + sum_r, dot.iter().sum::<f64>() + dot_r)
                             },
                         )
                     },
@@ -881,6 +903,38 @@ mod tests {
         (0..n as u32)
             .map(|i| ((i.wrapping_mul(2_654_435_761) ^ salt) % 1000) as f32 / 250.0 - 2.0)
             .collect()
+    }
+
+    /// The vector sums of batch norm's backward are the portable loop's, bit for bit: every
+    /// length around the 16-lane blocks, with and without the ReLU gate (`y` with zeros of
+    /// both signs, negatives and positives), against a mean that does not round to `f32`.
+    #[test]
+    fn vector_grad_sums_are_the_portable_ones() {
+        let Some(cpu) = crate::cpu::simd::Avx512::detect() else {
+            eprintln!("no AVX-512F (or EMBER_SIMD=portable): only the portable loop runs");
+            return;
+        };
+        for n in 0..80 {
+            let (x, dy) = (values(n, 1), values(n, 2));
+            let mut y = values(n, 3);
+            for (k, v) in y.iter_mut().enumerate() {
+                *v = match k % 7 {
+                    0 => 0.0,
+                    1 => -0.0,
+                    _ => *v,
+                };
+            }
+            for y in [None, Some(&y[..])] {
+                let m = 0.1 + 1e-12;
+                let want = grad_sums(&x, &dy, y, m);
+                let got = cpu.bn_grad_sums(&x, &dy, y, m);
+                let bits = |(a, b): (f64, f64)| (a.to_bits(), b.to_bits());
+                assert_eq!(bits(got), bits(want), "n {n}, gated {}", y.is_some());
+            }
+        }
+        // The gate bites (the test would pass trivially with it ignored in both).
+        let (x, dy, y) = (values(32, 1), values(32, 2), values(32, 3));
+        assert_ne!(grad_sums(&x, &dy, Some(&y), 0.0), grad_sums(&x, &dy, None, 0.0));
     }
 
     /// The fused ReLU keeps NaN as PyTorch's ReLU and `relu_in_place` do (an imported

@@ -1,7 +1,8 @@
 //! AVX-512 forms of the loops that the portable x86-64 baseline this crate is compiled for
 //! leaves scalar or half-width: copying and adding short image rows (im2col, col2im: rows of 7
-//! to 30 floats, one masked 16-lane operation each instead of a 4-lane loop and a scalar tail)
-//! and 2x2 max pooling (16 windows per step instead of one). Chosen at run time with
+//! to 30 floats, one masked 16-lane operation each instead of a 4-lane loop and a scalar tail),
+//! 2x2 max pooling (16 windows per step instead of one) and batch norm backward's per-map sums
+//! (the compiler kept their sixteen `f64` partial sums on the stack, half of them scalar). Chosen at run time with
 //! [`avx512`]; other machines take the portable loops. Both give bit-identical results: the
 //! same operations on the same values in the same order, only several lanes at once.
 
@@ -131,6 +132,18 @@ impl Avx512 {
         unsafe { x86::shifted_conv(c, out) }
     }
 
+    /// [`super::batch_norm::grad_sums`] in vectors, bit-identical: `(sum g, sum g * (x - m))`
+    /// over one map, `g` being `dy` stopped where `y` (when given) is not positive.
+    #[inline(always)]
+    pub(crate) fn bn_grad_sums(self, x: &[f32], dy: &[f32], y: Option<&[f32]>, m: f64) -> (f64, f64) {
+        assert!(
+            x.len() == dy.len() && y.is_none_or(|y| y.len() == x.len()),
+            "batch norm backward sums: lengths"
+        );
+        // SAFETY: `self` exists only on a CPU with AVX-512F; the lengths are checked above.
+        unsafe { x86::bn_grad_sums(x, dy, y, m) }
+    }
+
     /// [`x86::pool_2x2_row`].
     #[inline(always)]
     pub(crate) fn pool_2x2_row(
@@ -239,6 +252,66 @@ mod x86 {
                 j0 += 16 * JB;
             }
         }
+    }
+
+    /// [`super::Avx512::bn_grad_sums`]: lane `l` of the two `f64` vector pairs holds the
+    /// portable loop's partial sum `l` (block elements `k + l`), added to in the same order with
+    /// the same operations (a multiply, then an add: no FMA).
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F; `dy` and `y` (when given) are as long as `x`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(super) unsafe fn bn_grad_sums(x: &[f32], dy: &[f32], y: Option<&[f32]>, m: f64) -> (f64, f64) {
+        let whole = x.len() / 16 * 16;
+        let mv = _mm512_set1_pd(m);
+        let (mut sum, mut dot) = ([_mm512_setzero_pd(); 2], [_mm512_setzero_pd(); 2]);
+        for k in (0..whole).step_by(16) {
+            // Lanes kept: all, or those where `y` is not `<= 0` (NaN included, as `y <= 0.0`
+            // is false there).
+            let keep: u16 = match y {
+                // SAFETY: `k + 16 <= whole <= y.len()`.
+                Some(y) => unsafe {
+                    _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(_mm512_loadu_ps(y.as_ptr().add(k)), _mm512_setzero_ps())
+                },
+                None => u16::MAX,
+            };
+            for h in 0..2 {
+                // SAFETY: `k + 8 * h + 8 <= whole <= x.len() = dy.len()`.
+                let (d, v) = unsafe {
+                    (
+                        _mm512_cvtps_pd(_mm256_loadu_ps(dy.as_ptr().add(k + 8 * h))),
+                        _mm512_cvtps_pd(_mm256_loadu_ps(x.as_ptr().add(k + 8 * h))),
+                    )
+                };
+                let g = _mm512_maskz_mov_pd((keep >> (8 * h)) as u8, d);
+                sum[h] = _mm512_add_pd(sum[h], g);
+                dot[h] = _mm512_add_pd(dot[h], _mm512_mul_pd(g, _mm512_sub_pd(v, mv)));
+            }
+        }
+        let lanes = |v: [__m512d; 2]| {
+            let mut a = [0.0f64; 16];
+            // SAFETY: `a` holds 16 f64s, two vectors.
+            unsafe {
+                _mm512_storeu_pd(a.as_mut_ptr(), v[0]);
+                _mm512_storeu_pd(a.as_mut_ptr().add(8), v[1]);
+            }
+            a
+        };
+        let (mut sum_r, mut dot_r) = (0.0, 0.0);
+        for k in whole..x.len() {
+            let d = f64::from(dy[k]);
+            let g = match y {
+                Some(y) if f64::from(y[k]) <= 0.0 => 0.0,
+                _ => d,
+            };
+            sum_r += g;
+            dot_r += g * (f64::from(x[k]) - m);
+        }
+        (
+            lanes(sum).iter().sum::<f64>() + sum_r,
+            lanes(dot).iter().sum::<f64>() + dot_r,
+        )
     }
 
     /// The first `n` (at most 16) lanes.
