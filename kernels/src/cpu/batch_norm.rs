@@ -45,12 +45,23 @@ impl BnShape {
 
 const LANES: usize = 16;
 
+/// Where [`grad_sums`] adds the last `len % 16` values of a map: after the partial sums, in
+/// order (batch norm's backward), or into partial sums `0..len % 16` like every other value
+/// (batch norm + pool's, whose loop indexes them `k % 16`). Two orders of the same sum, each
+/// kept so that results stay bit-identical to what they were.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Tail {
+    Apart,
+    InLanes,
+}
+
 /// Batch norm backward's two sums over one map, `(sum g, sum g * (x - m))` in `f64`, where `g`
 /// is `dy`, stopped where the fused ReLU's output `y` (when given) is not positive. Sixteen
-/// interleaved partial sums over the whole blocks of 16, then the last `len % 16` values in
-/// order, then the partial sums in lane order: [`super::simd::Avx512::bn_grad_sums`] takes the
-/// same steps in vectors, with bit-identical results.
-pub(crate) fn grad_sums(x: &[f32], dy: &[f32], y: Option<&[f32]>, m: f64) -> (f64, f64) {
+/// interleaved partial sums (value `k` into partial sum `k % 16`) over the whole blocks of 16,
+/// the last `len % 16` values as `tail` says, and the partial sums added in lane order:
+/// [`super::simd::Avx512::bn_grad_sums`] takes the same steps in vectors, with bit-identical
+/// results.
+pub(crate) fn grad_sums(x: &[f32], dy: &[f32], y: Option<&[f32]>, m: f64, tail: Tail) -> (f64, f64) {
     assert!(
         x.len() == dy.len() && y.is_none_or(|y| y.len() == x.len()),
         "batch norm backward sums: lengths"
@@ -63,13 +74,14 @@ pub(crate) fn grad_sums(x: &[f32], dy: &[f32], y: Option<&[f32]>, m: f64) -> (f6
         }
     };
     let (mut sum, mut dot) = ([0.0f64; LANES], [0.0f64; LANES]);
-    let whole = x.len() / LANES * LANES;
-    for k in (0..whole).step_by(LANES) {
-        for l in 0..LANES {
-            let g = g(k + l);
-            sum[l] += g;
-            dot[l] += g * (f64::from(x[k + l]) - m);
-        }
+    let whole = match tail {
+        Tail::Apart => x.len() / LANES * LANES,
+        Tail::InLanes => x.len(),
+    };
+    for k in 0..whole {
+        let g = g(k);
+        sum[k % LANES] += g;
+        dot[k % LANES] += g * (f64::from(x[k]) - m);
     }
     let (mut sum_r, mut dot_r) = (0.0, 0.0);
     for k in whole..x.len() {
@@ -77,7 +89,10 @@ pub(crate) fn grad_sums(x: &[f32], dy: &[f32], y: Option<&[f32]>, m: f64) -> (f6
         sum_r += g;
         dot_r += g * (f64::from(x[k]) - m);
     }
-    (sum.iter().sum::<f64>() + sum_r, dot.iter().sum::<f64>() + dot_r)
+    match tail {
+        Tail::Apart => (sum.iter().sum::<f64>() + sum_r, dot.iter().sum::<f64>() + dot_r),
+        Tail::InLanes => (sum.iter().sum::<f64>(), dot.iter().sum::<f64>()),
+    }
 }
 
 /// `f` of each `plane`-long map of `x` (image x channel), images in parallel, indexed
@@ -667,6 +682,7 @@ pub fn bn_pool_input_grad<'a>(
         "batch norm + pool backward: per-channel length"
     );
     let out_image = s.channels * pooled;
+    let cpu = super::simd::Avx512::detect();
     let per_image: Vec<Vec<(f64, f64)>> = dz
         .par_chunks(out_image)
         .zip(z.par_chunks(out_image).zip(x_at.par_chunks(out_image)))
@@ -680,14 +696,11 @@ pub fn bn_pool_input_grad<'a>(
                         |c| {
                             let at = c * pooled..(c + 1) * pooled;
                             let (dz, z, x_at) = (&dz[at.clone()], &z[at.clone()], &x_at[at]);
-                            let m = mean[c];
-                            let (mut sum, mut dot) = ([0.0f64; LANES], [0.0f64; LANES]);
-                            for (k, ((&d, &y), &v)) in dz.iter().zip(z).zip(x_at).enumerate() {
-                                let g = pool_gate(d, y);
-                                sum[k % LANES] += g;
-                                dot[k % LANES] += g * (f64::from(v) - m);
+                            match cpu {
+                                #[cfg(target_arch = "x86_64")]
+                                Some(cpu) => cpu.bn_grad_sums(x_at, dz, Some(z), mean[c], Tail::InLanes),
+                                _ => grad_sums(x_at, dz, Some(z), mean[c], Tail::InLanes),
                             }
-                            (sum.iter().sum::<f64>(), dot.iter().sum::<f64>())
                         },
                     )
                 },
@@ -842,8 +855,8 @@ pub fn batch_norm_backward<'o>(
                                 let y = relu.then_some(y);
                                 match cpu {
                                     #[cfg(target_arch = "x86_64")]
-                                    Some(cpu) => cpu.bn_grad_sums(x, dy, y, mean[c]),
-                                    _ => grad_sums(x, dy, y, mean[c]),
+                                    Some(cpu) => cpu.bn_grad_sums(x, dy, y, mean[c], Tail::Apart),
+                                    _ => grad_sums(x, dy, y, mean[c], Tail::Apart),
                                 }
                             },
                         )
@@ -914,8 +927,14 @@ mod tests {
             eprintln!("no AVX-512F (or EMBER_SIMD=portable): only the portable loop runs");
             return;
         };
+        // Gradients of magnitudes 1e-8 to 1e8 side by side: sums whose rounding depends on the
+        // order (values of one scale sum exactly in f64).
+        let spread = |v: Vec<f32>| -> Vec<f32> {
+            let scale = |k: usize| 10f32.powi(4 * (k % 5) as i32 - 8);
+            v.into_iter().enumerate().map(|(k, v)| v * scale(k)).collect()
+        };
         for n in 0..80 {
-            let (x, dy) = (values(n, 1), values(n, 2));
+            let (x, dy) = (values(n, 1), spread(values(n, 2)));
             let mut y = values(n, 3);
             for (k, v) in y.iter_mut().enumerate() {
                 *v = match k % 7 {
@@ -924,17 +943,21 @@ mod tests {
                     _ => *v,
                 };
             }
-            for y in [None, Some(&y[..])] {
+            let cases = [None, Some(&y[..])].map(|y| [Tail::Apart, Tail::InLanes].map(|t| (y, t)));
+            for (y, tail) in cases.into_iter().flatten() {
                 let m = 0.1 + 1e-12;
-                let want = grad_sums(&x, &dy, y, m);
-                let got = cpu.bn_grad_sums(&x, &dy, y, m);
+                let want = grad_sums(&x, &dy, y, m, tail);
+                let got = cpu.bn_grad_sums(&x, &dy, y, m, tail);
                 let bits = |(a, b): (f64, f64)| (a.to_bits(), b.to_bits());
-                assert_eq!(bits(got), bits(want), "n {n}, gated {}", y.is_some());
+                assert_eq!(bits(got), bits(want), "n {n}, gated {}, {tail:?}", y.is_some());
             }
         }
-        // The gate bites (the test would pass trivially with it ignored in both).
-        let (x, dy, y) = (values(32, 1), values(32, 2), values(32, 3));
-        assert_ne!(grad_sums(&x, &dy, Some(&y), 0.0), grad_sums(&x, &dy, None, 0.0));
+        // The gate bites, and the two tails are two orders (the test would pass trivially with
+        // either ignored in both forms).
+        let (x, dy, y) = (values(37, 1), spread(values(37, 2)), values(37, 3));
+        let sums = |y, tail| grad_sums(&x, &dy, y, 0.1, tail);
+        assert_ne!(sums(Some(&y[..]), Tail::Apart), sums(None, Tail::Apart));
+        assert_ne!(sums(None, Tail::Apart), sums(None, Tail::InLanes));
     }
 
     /// The fused ReLU keeps NaN as PyTorch's ReLU and `relu_in_place` do (an imported

@@ -135,13 +135,20 @@ impl Avx512 {
     /// [`super::batch_norm::grad_sums`] in vectors, bit-identical: `(sum g, sum g * (x - m))`
     /// over one map, `g` being `dy` stopped where `y` (when given) is not positive.
     #[inline(always)]
-    pub(crate) fn bn_grad_sums(self, x: &[f32], dy: &[f32], y: Option<&[f32]>, m: f64) -> (f64, f64) {
+    pub(crate) fn bn_grad_sums(
+        self,
+        x: &[f32],
+        dy: &[f32],
+        y: Option<&[f32]>,
+        m: f64,
+        tail: super::batch_norm::Tail,
+    ) -> (f64, f64) {
         assert!(
             x.len() == dy.len() && y.is_none_or(|y| y.len() == x.len()),
             "batch norm backward sums: lengths"
         );
         // SAFETY: `self` exists only on a CPU with AVX-512F; the lengths are checked above.
-        unsafe { x86::bn_grad_sums(x, dy, y, m) }
+        unsafe { x86::bn_grad_sums(x, dy, y, m, tail) }
     }
 
     /// [`x86::pool_2x2_row`].
@@ -262,31 +269,56 @@ mod x86 {
     /// The CPU runs AVX-512F; `dy` and `y` (when given) are as long as `x`.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    pub(super) unsafe fn bn_grad_sums(x: &[f32], dy: &[f32], y: Option<&[f32]>, m: f64) -> (f64, f64) {
+    pub(super) unsafe fn bn_grad_sums(
+        x: &[f32],
+        dy: &[f32],
+        y: Option<&[f32]>,
+        m: f64,
+        tail: super::super::batch_norm::Tail,
+    ) -> (f64, f64) {
+        use super::super::batch_norm::Tail;
         let whole = x.len() / 16 * 16;
+        let blocks = match tail {
+            Tail::Apart => whole,
+            Tail::InLanes => x.len(),
+        };
         let mv = _mm512_set1_pd(m);
         let (mut sum, mut dot) = ([_mm512_setzero_pd(); 2], [_mm512_setzero_pd(); 2]);
-        for k in (0..whole).step_by(16) {
-            // Lanes kept: all, or those where `y` is not `<= 0` (NaN included, as `y <= 0.0`
-            // is false there).
+        for k in (0..blocks).step_by(16) {
+            // The block's lanes (fewer than 16 only for a tail in lanes), and of those, the ones
+            // kept: all, or those where `y` is not `<= 0` (NaN included, as `y <= 0.0` is false
+            // there). Lanes outside the block are neither read nor added to.
+            let n = lanes((blocks - k).min(16));
             let keep: u16 = match y {
-                // SAFETY: `k + 16 <= whole <= y.len()`.
+                // SAFETY: lanes `k..k + popcount(n)` lie inside `y` (as long as `x`).
                 Some(y) => unsafe {
-                    _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(_mm512_loadu_ps(y.as_ptr().add(k)), _mm512_setzero_ps())
+                    let y = _mm512_maskz_loadu_ps(n, y.as_ptr().add(k));
+                    _mm512_mask_cmp_ps_mask::<_CMP_NLE_UQ>(n, y, _mm512_setzero_ps())
                 },
-                None => u16::MAX,
+                None => n,
+            };
+            // SAFETY: as for `y`, in `dy` and `x`.
+            let (d, v) = unsafe {
+                (
+                    _mm512_maskz_loadu_ps(n, dy.as_ptr().add(k)),
+                    _mm512_maskz_loadu_ps(n, x.as_ptr().add(k)),
+                )
             };
             for h in 0..2 {
-                // SAFETY: `k + 8 * h + 8 <= whole <= x.len() = dy.len()`.
-                let (d, v) = unsafe {
-                    (
-                        _mm512_cvtps_pd(_mm256_loadu_ps(dy.as_ptr().add(k + 8 * h))),
-                        _mm512_cvtps_pd(_mm256_loadu_ps(x.as_ptr().add(k + 8 * h))),
-                    )
+                let half = |v: __m512| {
+                    let v = _mm512_castps_pd(v);
+                    let v = if h == 0 {
+                        v
+                    } else {
+                        _mm512_shuffle_f64x2::<0b11_10_11_10>(v, v)
+                    };
+                    _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_castpd512_pd256(v)))
                 };
+                let (d, v, part) = (half(d), half(v), (n >> (8 * h)) as u8);
                 let g = _mm512_maskz_mov_pd((keep >> (8 * h)) as u8, d);
-                sum[h] = _mm512_add_pd(sum[h], g);
-                dot[h] = _mm512_add_pd(dot[h], _mm512_mul_pd(g, _mm512_sub_pd(v, mv)));
+                sum[h] = _mm512_mask_add_pd(sum[h], part, sum[h], g);
+                let t = _mm512_mul_pd(g, _mm512_sub_pd(v, mv));
+                dot[h] = _mm512_mask_add_pd(dot[h], part, dot[h], t);
             }
         }
         let lanes = |v: [__m512d; 2]| {
@@ -299,7 +331,7 @@ mod x86 {
             a
         };
         let (mut sum_r, mut dot_r) = (0.0, 0.0);
-        for k in whole..x.len() {
+        for k in blocks..x.len() {
             let d = f64::from(dy[k]);
             let g = match y {
                 Some(y) if f64::from(y[k]) <= 0.0 => 0.0,
@@ -308,10 +340,13 @@ mod x86 {
             sum_r += g;
             dot_r += g * (f64::from(x[k]) - m);
         }
-        (
-            lanes(sum).iter().sum::<f64>() + sum_r,
-            lanes(dot).iter().sum::<f64>() + dot_r,
-        )
+        match tail {
+            Tail::Apart => (
+                lanes(sum).iter().sum::<f64>() + sum_r,
+                lanes(dot).iter().sum::<f64>() + dot_r,
+            ),
+            Tail::InLanes => (lanes(sum).iter().sum::<f64>(), lanes(dot).iter().sum::<f64>()),
+        }
     }
 
     /// The first `n` (at most 16) lanes.
