@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use super::pool::pool_2x2;
 #[cfg(test)]
 use super::pool::PoolShape;
-use super::simd::wide;
+use super::simd::{wide, Tail};
 use super::{lane_sum, Images, Out};
 
 /// `batch` images of `channels` maps of `plane` (height x width) elements.
@@ -44,16 +44,6 @@ impl BnShape {
 }
 
 const LANES: usize = 16;
-
-/// Where [`grad_sums`] adds the last `len % 16` values of a map: after the partial sums, in
-/// order (batch norm's backward), or into partial sums `0..len % 16` like every other value
-/// (batch norm + pool's, whose loop indexes them `k % 16`). Two orders of the same sum, each
-/// kept so that results stay bit-identical to what they were.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Tail {
-    Apart,
-    InLanes,
-}
 
 /// Batch norm backward's two sums over one map, `(sum g, sum g * (x - m))` in `f64`, where `g`
 /// is `dy`, stopped where the fused ReLU's output `y` (when given) is not positive. Sixteen

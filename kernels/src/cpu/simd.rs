@@ -29,6 +29,16 @@ pub(crate) struct ShiftedConv<'a> {
     pub pitch: usize,
 }
 
+/// Where batch norm's `grad_sums` (and [`Avx512::bn_grad_sums`]) adds the last `len % 16` values of a map: after the partial sums, in
+/// order (batch norm's backward), or into partial sums `0..len % 16` like every other value
+/// (batch norm + pool's, whose loop indexes them `k % 16`). Two orders of the same sum, each
+/// kept so that results stay bit-identical to what they were.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Tail {
+    Apart,
+    InLanes,
+}
+
 /// Whether the AVX-512 paths run: the CPU has AVX-512F and `EMBER_SIMD` is not `portable`.
 pub(crate) fn avx512() -> bool {
     Avx512::detect().is_some()
@@ -141,7 +151,7 @@ impl Avx512 {
         dy: &[f32],
         y: Option<&[f32]>,
         m: f64,
-        tail: super::batch_norm::Tail,
+        tail: Tail,
     ) -> (f64, f64) {
         assert!(
             x.len() == dy.len() && y.is_none_or(|y| y.len() == x.len()),
@@ -274,9 +284,9 @@ mod x86 {
         dy: &[f32],
         y: Option<&[f32]>,
         m: f64,
-        tail: super::super::batch_norm::Tail,
+        tail: super::Tail,
     ) -> (f64, f64) {
-        use super::super::batch_norm::Tail;
+        use super::Tail;
         let whole = x.len() / 16 * 16;
         let blocks = match tail {
             Tail::Apart => whole,
