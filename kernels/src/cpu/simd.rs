@@ -29,9 +29,10 @@ pub(crate) struct ShiftedConv<'a> {
     pub pitch: usize,
 }
 
-/// Where batch norm's `grad_sums` (and [`Avx512::bn_grad_sums`]) adds the last `len % 16` values of a map: after the partial sums, in
-/// order (batch norm's backward), or into partial sums `0..len % 16` like every other value
-/// (batch norm + pool's, whose loop indexes them `k % 16`). Two orders of the same sum, each
+/// Where batch norm's `grad_sums` (and [`Avx512::bn_grad_sums`]) adds the last `len % 16`
+/// values of a map: after the partial sums, in order (batch norm's backward), or into partial
+/// sums `0..len % 16` like every other value (batch norm + pool's, whose loop indexes them
+/// `k % 16`). Two orders of the same sum, each
 /// kept so that results stay bit-identical to what they were.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Tail {
