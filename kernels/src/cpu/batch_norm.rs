@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use super::pool::pool_2x2;
 #[cfg(test)]
 use super::pool::PoolShape;
-use super::simd::{wide, Tail};
+use super::simd::wide;
 use super::{lane_sum, Images, Out};
 
 /// `batch` images of `channels` maps of `plane` (height x width) elements.
@@ -45,36 +45,54 @@ impl BnShape {
 
 const LANES: usize = 16;
 
+/// Where [`grad_sums`] adds the last `len % 16` values of a map: after the partial sums, in
+/// order (batch norm's backward), or into partial sums `0..len % 16` like every other value
+/// (batch norm + pool's, whose loop indexes them `k % 16`). Two orders of the same sum, each
+/// kept so that results stay bit-identical to what they were.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Tail {
+    Apart,
+    InLanes,
+}
+
 /// Batch norm backward's two sums over one map, `(sum g, sum g * (x - m))` in `f64`, where `g`
-/// is `dy`, stopped where the fused ReLU's output `y` (when given) is not positive. Sixteen
-/// interleaved partial sums (value `k` into partial sum `k % 16`) over the whole blocks of 16,
-/// the last `len % 16` values as `tail` says, and the partial sums added in lane order:
-/// [`super::simd::Avx512::bn_grad_sums`] takes the same steps in vectors, with bit-identical
-/// results.
-pub(crate) fn grad_sums(x: &[f32], dy: &[f32], y: Option<&[f32]>, m: f64, tail: Tail) -> (f64, f64) {
+/// is `dy` stopped where the fused ReLU's output `y` (when given) is not positive
+/// ([`pool_gate`]). Sixteen interleaved partial sums (value `k` into partial sum `k % 16`) over
+/// the whole blocks of 16, the last `len % 16` values as `tail` says, and the partial sums added
+/// in lane order. With `cpu`, the partial sums are taken in vectors
+/// ([`super::simd::Avx512::bn_grad_lanes`]), bit-identical.
+pub(crate) fn grad_sums(
+    cpu: Option<super::simd::Avx512>,
+    x: &[f32],
+    dy: &[f32],
+    y: Option<&[f32]>,
+    m: f64,
+    tail: Tail,
+) -> (f64, f64) {
     assert!(
         x.len() == dy.len() && y.is_none_or(|y| y.len() == x.len()),
         "batch norm backward sums: lengths"
     );
-    let g = |k: usize| {
-        let d = f64::from(dy[k]);
-        match y {
-            Some(y) if f64::from(y[k]) <= 0.0 => 0.0,
-            _ => d,
-        }
-    };
-    let (mut sum, mut dot) = ([0.0f64; LANES], [0.0f64; LANES]);
-    let whole = match tail {
+    let g = |k: usize| y.map_or(f64::from(dy[k]), |y| pool_gate(dy[k], y[k]));
+    let blocks = match tail {
         Tail::Apart => x.len() / LANES * LANES,
         Tail::InLanes => x.len(),
     };
-    for k in 0..whole {
-        let g = g(k);
-        sum[k % LANES] += g;
-        dot[k % LANES] += g * (f64::from(x[k]) - m);
-    }
+    let (sum, dot) = match cpu {
+        #[cfg(target_arch = "x86_64")]
+        Some(cpu) => cpu.bn_grad_lanes(&x[..blocks], &dy[..blocks], y.map(|y| &y[..blocks]), m),
+        _ => {
+            let (mut sum, mut dot) = ([0.0f64; LANES], [0.0f64; LANES]);
+            for k in 0..blocks {
+                let g = g(k);
+                sum[k % LANES] += g;
+                dot[k % LANES] += g * (f64::from(x[k]) - m);
+            }
+            (sum, dot)
+        }
+    };
     let (mut sum_r, mut dot_r) = (0.0, 0.0);
-    for k in whole..x.len() {
+    for k in blocks..x.len() {
         let g = g(k);
         sum_r += g;
         dot_r += g * (f64::from(x[k]) - m);
@@ -617,8 +635,8 @@ impl BnPoolInputGrad<'_> {
     }
 }
 
-/// The pooled gradient `dz` that reaches the normalisation, as `batch_norm_backward`'s gate:
-/// it passes where the ReLU's (pooled) output `z` is not `<= 0`.
+/// The gradient `dz` that reaches the normalisation through a fused ReLU (batch norm's and the
+/// pool's): it passes where the ReLU's (pooled) output `z` is not `<= 0`.
 #[inline(always)]
 fn pool_gate(dz: f32, z: f32) -> f64 {
     if z <= 0.0 {
@@ -686,11 +704,7 @@ pub fn bn_pool_input_grad<'a>(
                         |c| {
                             let at = c * pooled..(c + 1) * pooled;
                             let (dz, z, x_at) = (&dz[at.clone()], &z[at.clone()], &x_at[at]);
-                            match cpu {
-                                #[cfg(target_arch = "x86_64")]
-                                Some(cpu) => cpu.bn_grad_sums(x_at, dz, Some(z), mean[c], Tail::InLanes),
-                                _ => grad_sums(x_at, dz, Some(z), mean[c], Tail::InLanes),
-                            }
+                            grad_sums(cpu, x_at, dz, Some(z), mean[c], Tail::InLanes)
                         },
                     )
                 },
@@ -843,11 +857,7 @@ pub fn batch_norm_backward<'o>(
                                 let at = c * s.plane..(c + 1) * s.plane;
                                 let (x, dy, y) = (&x[at.clone()], &dy[at.clone()], &y[at]);
                                 let y = relu.then_some(y);
-                                match cpu {
-                                    #[cfg(target_arch = "x86_64")]
-                                    Some(cpu) => cpu.bn_grad_sums(x, dy, y, mean[c], Tail::Apart),
-                                    _ => grad_sums(x, dy, y, mean[c], Tail::Apart),
-                                }
+                                grad_sums(cpu, x, dy, y, mean[c], Tail::Apart)
                             },
                         )
                     },
@@ -936,8 +946,8 @@ mod tests {
             let cases = [None, Some(&y[..])].map(|y| [Tail::Apart, Tail::InLanes].map(|t| (y, t)));
             for (y, tail) in cases.into_iter().flatten() {
                 let m = 0.1 + 1e-12;
-                let want = grad_sums(&x, &dy, y, m, tail);
-                let got = cpu.bn_grad_sums(&x, &dy, y, m, tail);
+                let want = grad_sums(None, &x, &dy, y, m, tail);
+                let got = grad_sums(Some(cpu), &x, &dy, y, m, tail);
                 let bits = |(a, b): (f64, f64)| (a.to_bits(), b.to_bits());
                 assert_eq!(bits(got), bits(want), "n {n}, gated {}, {tail:?}", y.is_some());
             }
@@ -945,7 +955,7 @@ mod tests {
         // The gate bites, and the two tails are two orders (the test would pass trivially with
         // either ignored in both forms).
         let (x, dy, y) = (values(37, 1), spread(values(37, 2)), values(37, 3));
-        let sums = |y, tail| grad_sums(&x, &dy, y, 0.1, tail);
+        let sums = |y, tail| grad_sums(None, &x, &dy, y, 0.1, tail);
         assert_ne!(sums(Some(&y[..]), Tail::Apart), sums(None, Tail::Apart));
         assert_ne!(sums(None, Tail::Apart), sums(None, Tail::InLanes));
     }

@@ -2,8 +2,8 @@
 //! leaves scalar or half-width: copying and adding short image rows (im2col, col2im: rows of 7
 //! to 30 floats, one masked 16-lane operation each instead of a 4-lane loop and a scalar tail),
 //! 2x2 max pooling (16 windows per step instead of one) and batch norm backward's per-map sums
-//! (the compiler kept their sixteen `f64` partial sums on the stack, half of them scalar). Chosen at run time with
-//! [`avx512`]; other machines take the portable loops. Both give bit-identical results: the
+//! (the compiler kept their sixteen `f64` partial sums on the stack, half of them scalar).
+//! Chosen at run time with [`avx512`]; other machines take the portable loops. Both give bit-identical results: the
 //! same operations on the same values in the same order, only several lanes at once.
 
 /// Output channels per register tile of the direct convolution ([`Avx512::shifted_conv`]):
@@ -27,17 +27,6 @@ pub(crate) struct ShiftedConv<'a> {
     /// Output pixels per row, and the row pitch (at least `n`).
     pub n: usize,
     pub pitch: usize,
-}
-
-/// Where batch norm's `grad_sums` (and [`Avx512::bn_grad_sums`]) adds the last `len % 16`
-/// values of a map: after the partial sums, in order (batch norm's backward), or into partial
-/// sums `0..len % 16` like every other value (batch norm + pool's, whose loop indexes them
-/// `k % 16`). Two orders of the same sum, each
-/// kept so that results stay bit-identical to what they were.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Tail {
-    Apart,
-    InLanes,
 }
 
 /// Whether the AVX-512 paths run: the CPU has AVX-512F and `EMBER_SIMD` is not `portable`.
@@ -143,23 +132,23 @@ impl Avx512 {
         unsafe { x86::shifted_conv(c, out) }
     }
 
-    /// [`super::batch_norm::grad_sums`] in vectors, bit-identical: `(sum g, sum g * (x - m))`
-    /// over one map, `g` being `dy` stopped where `y` (when given) is not positive.
+    /// The sixteen partial sums of batch norm's `grad_sums` over `x` (value `k` into sum
+    /// `k % 16`, the last partial block included) in vectors, bit-identical: `(sum g, sum g *
+    /// (x - m))`, `g` being `dy` stopped where `y` (when given) is not positive.
     #[inline(always)]
-    pub(crate) fn bn_grad_sums(
+    pub(crate) fn bn_grad_lanes(
         self,
         x: &[f32],
         dy: &[f32],
         y: Option<&[f32]>,
         m: f64,
-        tail: Tail,
-    ) -> (f64, f64) {
+    ) -> ([f64; 16], [f64; 16]) {
         assert!(
             x.len() == dy.len() && y.is_none_or(|y| y.len() == x.len()),
             "batch norm backward sums: lengths"
         );
         // SAFETY: `self` exists only on a CPU with AVX-512F; the lengths are checked above.
-        unsafe { x86::bn_grad_sums(x, dy, y, m, tail) }
+        unsafe { x86::bn_grad_lanes(x, dy, y, m) }
     }
 
     /// [`x86::pool_2x2_row`].
@@ -272,34 +261,27 @@ mod x86 {
         }
     }
 
-    /// [`super::Avx512::bn_grad_sums`]: lane `l` of the two `f64` vector pairs holds the
-    /// portable loop's partial sum `l` (block elements `k + l`), added to in the same order with
-    /// the same operations (a multiply, then an add: no FMA).
+    /// [`super::Avx512::bn_grad_lanes`]: lane `l` of the two `f64` vector pairs holds the
+    /// portable loop's partial sum `l` (elements `k + l` of each block), added to in the same
+    /// order with the same operations (a multiply, then an add: no FMA).
     ///
     /// # Safety
     /// The CPU runs AVX-512F; `dy` and `y` (when given) are as long as `x`.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    pub(super) unsafe fn bn_grad_sums(
+    pub(super) unsafe fn bn_grad_lanes(
         x: &[f32],
         dy: &[f32],
         y: Option<&[f32]>,
         m: f64,
-        tail: super::Tail,
-    ) -> (f64, f64) {
-        use super::Tail;
-        let whole = x.len() / 16 * 16;
-        let blocks = match tail {
-            Tail::Apart => whole,
-            Tail::InLanes => x.len(),
-        };
+    ) -> ([f64; 16], [f64; 16]) {
         let mv = _mm512_set1_pd(m);
         let (mut sum, mut dot) = ([_mm512_setzero_pd(); 2], [_mm512_setzero_pd(); 2]);
-        for k in (0..blocks).step_by(16) {
-            // The block's lanes (fewer than 16 only for a tail in lanes), and of those, the ones
+        for k in (0..x.len()).step_by(16) {
+            // The block's lanes (fewer than 16 only in the last block), and of those, the ones
             // kept: all, or those where `y` is not `<= 0` (NaN included, as `y <= 0.0` is false
             // there). Lanes outside the block are neither read nor added to.
-            let n = lanes((blocks - k).min(16));
+            let n = lanes((x.len() - k).min(16));
             let keep: u16 = match y {
                 // SAFETY: lanes `k..k + popcount(n)` lie inside `y` (as long as `x`).
                 Some(y) => unsafe {
@@ -341,23 +323,7 @@ mod x86 {
             }
             a
         };
-        let (mut sum_r, mut dot_r) = (0.0, 0.0);
-        for k in blocks..x.len() {
-            let d = f64::from(dy[k]);
-            let g = match y {
-                Some(y) if f64::from(y[k]) <= 0.0 => 0.0,
-                _ => d,
-            };
-            sum_r += g;
-            dot_r += g * (f64::from(x[k]) - m);
-        }
-        match tail {
-            Tail::Apart => (
-                lanes(sum).iter().sum::<f64>() + sum_r,
-                lanes(dot).iter().sum::<f64>() + dot_r,
-            ),
-            Tail::InLanes => (lanes(sum).iter().sum::<f64>(), lanes(dot).iter().sum::<f64>()),
-        }
+        (lanes(sum), lanes(dot))
     }
 
     /// The first `n` (at most 16) lanes.
