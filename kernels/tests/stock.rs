@@ -402,6 +402,47 @@ fn conv_with_images_side_by_side_matches_burn() {
     }
 }
 
+/// Stride-1 convolutions with at most 32 output channels and output rows 24 pixels wide or
+/// more, where conv.rs takes the weight gradient by the direct kernel (`direct_weight_grad`, on
+/// AVX-512 CPUs; im2col + GEMM elsewhere): pixel runs ending in a partial vector and in a whole
+/// one (the 3-channel case's 208); input positions `(channel, tap)` not a multiple of the
+/// kernel's 6-wide tile (a first layer's 9), non-square and 5x5 kernels, zero and replicate
+/// padding, output channels 4 to 32; one image per GEMM and short images side by side (the
+/// output gradient then in rows `images x pixels` long), with and without the fused ReLU and
+/// the bias.
+#[test]
+fn conv_weight_gradient_by_direct_kernel_matches_burn() {
+    for (batch, in_channels, out_channels, h, w, kernel, padding, replicate, relu) in [
+        (3, 16, 16, 28, 28, [3, 3], [1, 1], false, true),
+        (2, 1, 8, 28, 28, [3, 3], [1, 1], false, false),
+        (5, 7, 12, 6, 30, [3, 3], [1, 1], false, true),
+        (2, 3, 4, 9, 32, [3, 2], [0, 1], true, true),
+        (1, 5, 8, 20, 28, [5, 5], [2, 2], true, false),
+        (2, 2, 4, 6, 33, [1, 3], [0, 0], false, true),
+        (19, 4, 8, 12, 24, [3, 3], [1, 1], false, true),
+        (2, 3, 32, 5, 40, [3, 3], [1, 1], false, true),
+    ] {
+        let case = ConvCase {
+            batch,
+            in_channels,
+            out_channels,
+            h,
+            w,
+            kernel,
+            stride: [1, 1],
+            padding,
+            mode: if replicate {
+                PadMode::Replicate
+            } else {
+                PadMode::Zeros
+            },
+            bias: relu,
+            relu,
+        };
+        check_conv(&case, 40 + batch as u64);
+    }
+}
+
 /// 3x3 convolutions with stride 1 and one pixel of zero padding where conv.rs takes
 /// Winograd's F(2x2, 3x3) (`winograd::applies`: 64 channels and 8 pixels a side up, or for the
 /// input gradient 256 channels at any size): odd and even heights and widths (the last tile row

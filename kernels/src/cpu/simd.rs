@@ -29,6 +29,25 @@ pub(crate) struct ShiftedConv<'a> {
     pub pitch: usize,
 }
 
+/// One direct weight gradient over an input laid out so that each kernel tap is a constant
+/// shift (`conv.rs`' padded row pitch), the transpose of [`ShiftedConv`]:
+/// `grad[(c * taps + t) * out_channels + o] += sum_j dy[o * dy_pitch + j] * input[c * plane +
+/// shifts[t] + j]` for `j < n`, the output gradient laid out in the input's row pitch (zeros
+/// where its rows hold no pixel), with no unfolded copy of the input.
+pub(crate) struct ShiftedWeightGrad<'a> {
+    /// `channels` planes of `plane` floats.
+    pub input: &'a [f32],
+    pub channels: usize,
+    pub plane: usize,
+    /// Each tap's offset in a plane.
+    pub shifts: &'a [usize],
+    /// `out_channels` rows of `n` floats, `dy_pitch` floats apart.
+    pub dy: &'a [f32],
+    pub dy_pitch: usize,
+    pub out_channels: usize,
+    pub n: usize,
+}
+
 /// Whether the AVX-512 paths run: the CPU has AVX-512F and `EMBER_SIMD` is not `portable`.
 pub(crate) fn avx512() -> bool {
     Avx512::detect().is_some()
@@ -132,6 +151,42 @@ impl Avx512 {
         unsafe { x86::shifted_conv(c, out) }
     }
 
+    /// [`x86::shifted_weight_grad`], with every bound that function needs checked here (a
+    /// violation panics).
+    pub(crate) fn shifted_weight_grad(self, g: &ShiftedWeightGrad<'_>, grad: &mut [f32]) {
+        let taps = g.shifts.len();
+        assert!(
+            g.channels > 0 && g.out_channels > 0 && taps > 0 && g.n > 0 && g.dy_pitch >= g.n,
+            "shifted_weight_grad: empty shapes or a pitch below n"
+        );
+        assert_eq!(
+            g.out_channels % x86::OB,
+            0,
+            "shifted_weight_grad: output channels not a multiple of 4"
+        );
+        assert!(
+            g.input.len() >= g.channels * g.plane,
+            "shifted_weight_grad: input too short"
+        );
+        // Every read `c * plane + shift + j` (j < n) stays in channel c's plane.
+        assert!(
+            g.shifts.iter().all(|&sh| sh + g.n <= g.plane),
+            "shifted_weight_grad: a shift reads past its plane"
+        );
+        assert!(
+            g.dy.len() >= (g.out_channels - 1) * g.dy_pitch + g.n,
+            "shifted_weight_grad: output gradient too short"
+        );
+        assert_eq!(
+            grad.len(),
+            g.channels * taps * g.out_channels,
+            "shifted_weight_grad: gradient length"
+        );
+        // SAFETY: `self` exists only on a CPU with AVX-512F; the asserts above are the bounds
+        // `x86::shifted_weight_grad` requires.
+        unsafe { x86::shifted_weight_grad(g, grad) }
+    }
+
     /// The sixteen partial sums of batch norm's `grad_sums` over `x` (value `k` into sum
     /// `k % 16`, the last partial block included) in vectors, bit-identical: `(sum g, sum g *
     /// (x - m))`, `g` being `dy` stopped where `y` (when given) is not positive.
@@ -228,26 +283,22 @@ mod x86 {
                         *a = _mm512_set1_ps(b[o]);
                     }
                 }
-                for c in 0..channels {
-                    let base = inp.wrapping_add(c * plane + j0);
-                    let w_c = &w_block[c * taps * OB..][..taps * OB];
-                    for (t, &sh) in shifts.iter().enumerate() {
-                        let p = base.wrapping_add(sh);
-                        // SAFETY: unmasked lanes are at `c * plane + sh + j` with j < n, inside
-                        // `input` (caller's bounds); masked-off lanes are not read, and their
-                        // addresses are formed with `wrapping_add`.
-                        let x: [__m512; JB] = std::array::from_fn(|v| unsafe {
-                            _mm512_maskz_loadu_ps(masks[v], p.wrapping_add(16 * v))
-                        });
-                        let w = &w_c[t * OB..][..OB];
-                        for o in 0..OB {
-                            let wv = _mm512_set1_ps(w[o]);
-                            for v in 0..JB {
-                                acc[o][v] = _mm512_fmadd_ps(wv, x[v], acc[o][v]);
-                            }
-                        }
+                let tile = ConvTile {
+                    input: inp.wrapping_add(j0),
+                    plane,
+                    channels,
+                    shifts,
+                    weights: w_block,
+                };
+                // SAFETY: the caller's bounds; a whole tile (`j0 + 96 <= n`) reads its 96
+                // pixels of every shifted row unmasked.
+                acc = unsafe {
+                    if j0 + 16 * JB <= n {
+                        conv_tile::<false>(acc, &tile, &masks)
+                    } else {
+                        conv_tile::<true>(acc, &tile, &masks)
                     }
-                }
+                };
                 for o in 0..OB {
                     let row = outp.wrapping_add((ob * OB + o) * pitch + j0);
                     for v in 0..JB {
@@ -259,6 +310,150 @@ mod x86 {
                 j0 += 16 * JB;
             }
         }
+    }
+
+    /// Input positions `(c, t)` per register tile of [`shifted_weight_grad`].
+    const QB: usize = 6;
+
+    /// [`super::ShiftedWeightGrad`]'s gradient, in register tiles of 4 output channels x 6
+    /// input positions `q = c * taps + t`: per 16 pixels, four loads of the output gradient and
+    /// six shifted loads of the input feed 24 FMAs. Each sum runs over the pixels lane by lane
+    /// (lane `l` takes the pixels `j` with `j % 16 == l`, in order), and the sixteen lanes are
+    /// added by `_mm512_reduce_add_ps` before the result is added to `grad`. Only the last 16
+    /// pixels are loaded under a mask: a masked load costs an extra operation on the ports the
+    /// FMAs run on.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F; `input` holds `channels * plane` floats, `shifts[t] + n <= plane`
+    /// for every tap, `out_channels` is a multiple of 4, `dy` holds at least `(out_channels -
+    /// 1) * dy_pitch + n` floats, and `grad` holds `channels * taps * out_channels`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn shifted_weight_grad(g: &super::ShiftedWeightGrad<'_>, grad: &mut [f32]) {
+        let super::ShiftedWeightGrad {
+            input,
+            channels,
+            plane,
+            shifts,
+            dy,
+            dy_pitch,
+            out_channels,
+            n,
+        } = *g;
+        let taps = shifts.len();
+        let positions = channels * taps;
+        let (inp, dyp) = (input.as_ptr(), dy.as_ptr());
+        // `n` in whole vectors, then the last one (1 to 16 pixels) under a mask.
+        let (whole, last) = ((n - 1) / 16 * 16, lanes(n - (n - 1) / 16 * 16));
+        for ob in 0..out_channels / OB {
+            let dy_o: [*const f32; OB] = std::array::from_fn(|o| dyp.wrapping_add((ob * OB + o) * dy_pitch));
+            for q0 in (0..positions).step_by(QB) {
+                let qn = (positions - q0).min(QB);
+                // A last tile with fewer than 6 positions repeats its last one (read, never
+                // stored), so that every load stays in bounds.
+                let at: [*const f32; QB] = std::array::from_fn(|i| {
+                    let q = q0 + i.min(qn - 1);
+                    inp.wrapping_add(q / taps * plane + shifts[q % taps])
+                });
+                let mut acc = [[_mm512_setzero_ps(); QB]; OB];
+                for j in (0..whole).step_by(16) {
+                    // SAFETY: j + 16 <= whole < n: 16 pixels inside both slices.
+                    acc = unsafe { weight_grad_step(acc, &dy_o, &at, j, None) };
+                }
+                // SAFETY: the last `n - whole` pixels inside both slices, the rest not read.
+                acc = unsafe { weight_grad_step(acc, &dy_o, &at, whole, Some(last)) };
+                for i in 0..qn {
+                    for o in 0..OB {
+                        grad[(q0 + i) * out_channels + ob * OB + o] += _mm512_reduce_add_ps(acc[o][i]);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One step of [`shifted_weight_grad`]'s tile: 16 pixels from `j` (under `mask` when given)
+    /// of the output gradient rows `dy_o` and the shifted input rows `at`, multiplied and added
+    /// into `acc`. Taken and returned by value, so that the accumulators stay in registers.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F; each pointer plus `j` is followed by 16 readable floats, or by as
+    /// many as `mask`'s lanes (masked-off lanes are not read).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn weight_grad_step(
+        mut acc: [[__m512; QB]; OB],
+        dy_o: &[*const f32; OB],
+        at: &[*const f32; QB],
+        j: usize,
+        mask: Option<__mmask16>,
+    ) -> [[__m512; QB]; OB] {
+        // SAFETY: the caller's bounds.
+        let load = |p: *const f32| unsafe {
+            match mask {
+                None => _mm512_loadu_ps(p.wrapping_add(j)),
+                Some(m) => _mm512_maskz_loadu_ps(m, p.wrapping_add(j)),
+            }
+        };
+        let d: [__m512; OB] = std::array::from_fn(|o| load(dy_o[o]));
+        for i in 0..QB {
+            let x = load(at[i]);
+            for o in 0..OB {
+                acc[o][i] = _mm512_fmadd_ps(d[o], x, acc[o][i]);
+            }
+        }
+        acc
+    }
+
+    /// One register tile of [`shifted_conv`]: 96 pixels from `input` (already offset to the
+    /// tile's first pixel) of each of `channels` planes, shifted by each tap.
+    struct ConvTile<'a> {
+        input: *const f32,
+        plane: usize,
+        channels: usize,
+        shifts: &'a [usize],
+        /// The tile's 4 output channels' weights, `[channels][taps][4]`.
+        weights: &'a [f32],
+    }
+
+    /// [`shifted_conv`]'s sums over the channels and taps for one tile, onto `acc`: unmasked
+    /// loads unless `MASKED` (a masked load costs an extra operation on the ports the FMAs run
+    /// on: 6 per 24 FMAs). Taken and returned by value, so that the accumulators stay in
+    /// registers.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F; for every channel `c` and shift `sh`, `input + c * plane + sh` is
+    /// followed by 96 readable floats, or when `MASKED`, by those of `masks`' lanes (16 floats
+    /// per vector; masked-off lanes are not read).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn conv_tile<const MASKED: bool>(
+        mut acc: [[__m512; JB]; OB],
+        tile: &ConvTile<'_>,
+        masks: &[__mmask16; JB],
+    ) -> [[__m512; JB]; OB] {
+        let taps = tile.shifts.len();
+        for c in 0..tile.channels {
+            let base = tile.input.wrapping_add(c * tile.plane);
+            let w_c = &tile.weights[c * taps * OB..][..taps * OB];
+            for (t, &sh) in tile.shifts.iter().enumerate() {
+                let p = base.wrapping_add(sh);
+                // SAFETY: the caller's bounds; addresses are formed with `wrapping_add`.
+                let x: [__m512; JB] = std::array::from_fn(|v| unsafe {
+                    if MASKED {
+                        _mm512_maskz_loadu_ps(masks[v], p.wrapping_add(16 * v))
+                    } else {
+                        _mm512_loadu_ps(p.wrapping_add(16 * v))
+                    }
+                });
+                let w = &w_c[t * OB..][..OB];
+                for o in 0..OB {
+                    let wv = _mm512_set1_ps(w[o]);
+                    for v in 0..JB {
+                        acc[o][v] = _mm512_fmadd_ps(wv, x[v], acc[o][v]);
+                    }
+                }
+            }
+        }
+        acc
     }
 
     /// [`super::Avx512::bn_grad_lanes`]: lane `l` of the two `f64` vector pairs holds the
