@@ -1468,8 +1468,8 @@ mod tests {
     /// The direct kernels, whatever the size thresholds that choose them in training: forward
     /// against the definition, the weight gradient against the unfolded image's product, and
     /// the input gradient (the transposed convolution) against col2im of the GEMM product, over
-    /// small shapes with every padding a kernel allows, odd
-    /// widths, pitches shorter and longer than a register tile, 4 and 8 output channels.
+    /// small shapes with every padding a kernel allows, odd widths, pitches shorter and longer
+    /// than a register tile, 4 and 8 output channels.
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn direct_kernel_matches_the_definition_and_im2col() {

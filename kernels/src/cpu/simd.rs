@@ -357,10 +357,10 @@ mod x86 {
                 let mut acc = [[_mm512_setzero_ps(); QB]; OB];
                 for j in (0..whole).step_by(16) {
                     // SAFETY: j + 16 <= whole < n: 16 pixels inside both slices.
-                    acc = unsafe { weight_grad_step(acc, &dy_o, &at, j, None) };
+                    acc = unsafe { weight_grad_step::<false>(acc, &dy_o, &at, j, last) };
                 }
                 // SAFETY: the last `n - whole` pixels inside both slices, the rest not read.
-                acc = unsafe { weight_grad_step(acc, &dy_o, &at, whole, Some(last)) };
+                acc = unsafe { weight_grad_step::<true>(acc, &dy_o, &at, whole, last) };
                 for i in 0..qn {
                     for o in 0..OB {
                         grad[(q0 + i) * out_channels + ob * OB + o] += _mm512_reduce_add_ps(acc[o][i]);
@@ -370,27 +370,29 @@ mod x86 {
         }
     }
 
-    /// One step of [`shifted_weight_grad`]'s tile: 16 pixels from `j` (under `mask` when given)
-    /// of the output gradient rows `dy_o` and the shifted input rows `at`, multiplied and added
-    /// into `acc`. Taken and returned by value, so that the accumulators stay in registers.
+    /// One step of [`shifted_weight_grad`]'s tile: 16 pixels from `j` (under `mask` when
+    /// `MASKED`, as [`conv_tile`]) of the output gradient rows `dy_o` and the shifted input rows
+    /// `at`, multiplied and added into `acc`. Taken and returned by value, so that the
+    /// accumulators stay in registers.
     ///
     /// # Safety
-    /// The CPU runs AVX-512F; each pointer plus `j` is followed by 16 readable floats, or by as
-    /// many as `mask`'s lanes (masked-off lanes are not read).
+    /// The CPU runs AVX-512F; each pointer plus `j` is followed by 16 readable floats, or when
+    /// `MASKED`, by as many as `mask`'s lanes (masked-off lanes are not read).
     #[target_feature(enable = "avx512f")]
     #[inline]
-    unsafe fn weight_grad_step(
+    unsafe fn weight_grad_step<const MASKED: bool>(
         mut acc: [[__m512; QB]; OB],
         dy_o: &[*const f32; OB],
         at: &[*const f32; QB],
         j: usize,
-        mask: Option<__mmask16>,
+        mask: __mmask16,
     ) -> [[__m512; QB]; OB] {
         // SAFETY: the caller's bounds.
         let load = |p: *const f32| unsafe {
-            match mask {
-                None => _mm512_loadu_ps(p.wrapping_add(j)),
-                Some(m) => _mm512_maskz_loadu_ps(m, p.wrapping_add(j)),
+            if MASKED {
+                _mm512_maskz_loadu_ps(mask, p.wrapping_add(j))
+            } else {
+                _mm512_loadu_ps(p.wrapping_add(j))
             }
         };
         let d: [__m512; OB] = std::array::from_fn(|o| load(dy_o[o]));
