@@ -514,6 +514,38 @@ fn conv_through_winograd_matches_burn() {
     }
 }
 
+/// Where the input gradient of a stride-1 zero-padded convolution with 64 or more input
+/// channels on images of at most 8x8 pixels is taken by the turned kernel's own forward instead
+/// of col2im (conv.rs `turned_forward_pays`): ResNet-20's stage 3 and the speedrun net's block
+/// 3, odd sizes, batches over several GEMM groups with a shorter last one, 5x5 and unpadded
+/// kernels (the transposed convolution padded by 4 and by 2), with and without the fused ReLU.
+#[test]
+fn conv_input_gradient_by_turned_forward_matches_burn() {
+    for (batch, in_channels, out_channels, h, w, k, p, relu) in [
+        (3, 64, 64, 7, 7, 3, 1, true),
+        (2, 64, 128, 7, 7, 3, 1, false),
+        (11, 64, 64, 7, 7, 3, 1, false),
+        (2, 70, 24, 5, 6, 3, 1, true),
+        (2, 64, 32, 6, 7, 5, 2, false),
+        (3, 64, 16, 8, 8, 3, 0, true),
+    ] {
+        let case = ConvCase {
+            batch,
+            in_channels,
+            out_channels,
+            h,
+            w,
+            kernel: [k, k],
+            stride: [1, 1],
+            padding: [p, p],
+            mode: PadMode::Zeros,
+            bias: true,
+            relu,
+        };
+        check_conv(&case, (batch * h + w + k) as u64);
+    }
+}
+
 fn check_linear(batch: usize, inputs: usize, outputs: usize, bias: bool, relu: bool, seed: u64) {
     assert!(uses_cpu_kernels::<Fast>());
     let what = format!("linear {batch}x{inputs} -> {outputs} bias {bias} relu {relu}");

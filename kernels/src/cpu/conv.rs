@@ -546,6 +546,24 @@ fn transposed(s: &ConvShape) -> Option<ConvShape> {
     })
 }
 
+/// Whether the input gradient of a convolution whose transposed shape is `t` (see
+/// [`transposed`]) is faster as `t`'s own forward than through col2im, where neither Winograd
+/// nor the direct kernel takes it: at least 64 channels of input gradient (the forward's GEMM
+/// then runs its full 4-vector microkernel) on images of at most 8x8 pixels (col2im's folding
+/// adds 7-pixel rows back, each a masked read-modify-write). Divan `conv2d_bwd_input`, batch
+/// 64, one thread, Intel Xeon with AVX-512, fastest ms, col2im -> turned forward, alternating:
+///
+/// | layer | col2im | turned forward |
+/// |---|---|---|
+/// | 64x7x7 -> 64 (ResNet-20 stage 3) | 3.71 / 3.76 | 2.76 / 2.71 |
+/// | 64x7x7 -> 128 (speedrun block 3) | 5.40 / 5.58 | 5.28 / 5.18 |
+/// | 32x14x14 -> 32 (not taken) | 2.36 / 2.32 | 2.77 / 2.84 |
+/// | 32x14x14 -> 64 (not taken) | 3.91 / 4.20 | 5.59 / 5.78 |
+/// | 32x26x26 -> 64, no padding (not taken) | 14.0 / 14.4 | 21.0 / 20.2 |
+fn turned_forward_pays(t: &ConvShape) -> bool {
+    t.out_channels >= 64 && t.in_h * t.in_w <= 64 && direct(t).is_none()
+}
+
 /// A convolution's weights in the direct kernel's order, `[out / 4][in][taps][4]`, from
 /// `get(out_channel, in_channel, tap)`.
 fn pack_weights(s: &ConvShape, get: impl Fn(usize, usize, usize) -> f32) -> Vec<f32> {
@@ -1079,14 +1097,19 @@ pub fn conv2d_backward_from<'o>(
     // of its own, or by the direct kernel within the groups below, where one applies; else
     // through col2im.
     let rotated = |c: usize, o: usize, k: usize| weight[(o * s.in_channels + c) * taps + (taps - 1 - k)];
-    let winograd_dx = transposed(s)
-        .filter(|t| s.stride == [1, 1] && dx.is_some() && winograd::applies(t, winograd::Pass::InputGradient))
+    let turned_dx = transposed(s)
+        .filter(|t| {
+            s.stride == [1, 1]
+                && dx.is_some()
+                && (winograd::applies(t, winograd::Pass::InputGradient) || turned_forward_pays(t))
+        })
         .map(|t| {
             // Where Winograd takes the input gradient only because im2col + col2im is slower
             // still (wide layers on small images), the transposed convolution's own forward
             // (small images side by side, one GEMM reading the unfolded block in place) is
             // faster than either: ResNet-18's 512x4x4 layer at batch 64, 2 threads, 46.8 / 40.5
-            // -> 25.4 / 28.0 ms (divan conv2d_bwd_input, alternating).
+            // -> 25.4 / 28.0 ms (divan conv2d_bwd_input, alternating). So it is on narrower
+            // layers on small images (`turned_forward_pays`).
             let by = if winograd::applies(&t, winograd::Pass::Forward) {
                 DxBy::Winograd(winograd::transform_weights(
                     t.out_channels,
@@ -1098,7 +1121,7 @@ pub fn conv2d_backward_from<'o>(
             };
             (by, t)
         });
-    let (dx, dx_winograd) = match (&winograd_dx, dx) {
+    let (dx, dx_turned) = match (&turned_dx, dx) {
         (Some(_), Some(dx)) => (None, Some(dx)),
         (_, dx) => (dx, None),
     };
@@ -1274,7 +1297,7 @@ pub fn conv2d_backward_from<'o>(
         }
     }
 
-    if let (Some((by, t)), Some(dx)) = (&winograd_dx, dx_winograd) {
+    if let (Some((by, t)), Some(dx)) = (&turned_dx, dx_turned) {
         assert_eq!(dx.len(), x.len(), "conv2d backward: input gradient length");
         let n = match by {
             DxBy::Winograd(_) => winograd::images_per_call(t),
