@@ -120,6 +120,59 @@ struct ConvCase {
 }
 
 impl ConvCase {
+    /// `batch` images of `[in_channels, h, w]` through a `kernel` to `out_channels`: stride 1,
+    /// no padding, with a bias and the fused ReLU. The tests set what they vary with the methods
+    /// below.
+    fn new(
+        batch: usize,
+        [in_channels, out_channels]: [usize; 2],
+        [h, w]: [usize; 2],
+        kernel: [usize; 2],
+    ) -> Self {
+        Self {
+            batch,
+            in_channels,
+            out_channels,
+            h,
+            w,
+            kernel,
+            stride: [1, 1],
+            padding: [0, 0],
+            mode: PadMode::Zeros,
+            bias: true,
+            relu: true,
+        }
+    }
+
+    fn stride(self, stride: usize) -> Self {
+        Self {
+            stride: [stride, stride],
+            ..self
+        }
+    }
+
+    /// `padding` rows and columns of zeros, or copies of the border when `replicate`.
+    fn padded(self, padding: [usize; 2], replicate: bool) -> Self {
+        let mode = if replicate {
+            PadMode::Replicate
+        } else {
+            PadMode::Zeros
+        };
+        Self {
+            padding,
+            mode,
+            ..self
+        }
+    }
+
+    fn bias(self, bias: bool) -> Self {
+        Self { bias, ..self }
+    }
+
+    fn relu(self, relu: bool) -> Self {
+        Self { relu, ..self }
+    }
+
     /// The convolution's options (with the fused ReLU when `relu`).
     fn options(&self) -> Conv2dOptions {
         let options = Conv2dOptions::new(self.stride, self.padding, self.mode);
@@ -149,21 +202,11 @@ fn conv_case() -> impl Strategy<Value = ConvCase> {
             )| {
                 let (h, w) = (kh + dh + 1, kw + dw + 2);
                 let case = ConvCase {
-                    batch,
-                    in_channels,
-                    out_channels,
-                    h,
-                    w,
-                    kernel: [kh, kw],
                     stride: [sh, sw],
-                    padding: [ph, pw],
-                    mode: if replicate {
-                        PadMode::Replicate
-                    } else {
-                        PadMode::Zeros
-                    },
-                    bias,
-                    relu,
+                    ..ConvCase::new(batch, [in_channels, out_channels], [h, w], [kh, kw])
+                        .padded([ph, pw], replicate)
+                        .bias(bias)
+                        .relu(relu)
                 };
                 (h + 2 * ph >= kh && w + 2 * pw >= kw).then_some(case)
             },
@@ -196,26 +239,67 @@ fn check_conv(case: &ConvCase, seed: u64) {
     // A loss whose gradient differs per output element: sum(y * r).
     let (r, r_ref) = same(y.dims(), seed + 3);
     let (r, r_ref) = (r.detach(), r_ref.detach());
-    let [y_terms, dx_terms, dw_terms, db_terms] =
-        term_sizes(case, &x_ref, &wt_ref, b_ref.as_ref(), &r_ref, &y_ref);
-    let grads = (y.clone() * r).sum().backward();
-    let grads_ref = (y_ref.clone() * r_ref).sum().backward();
-    assert_close_to_sums(&format!("{case:?} output"), values(y), values(y_ref), y_terms);
+    let terms = term_sizes(case, &x_ref, &wt_ref, b_ref.as_ref(), &r_ref, &y_ref);
+    assert_layer_matches(
+        &format!("{case:?}"),
+        Layer {
+            y,
+            x,
+            weight: wt,
+            bias: b,
+        },
+        Layer {
+            y: y_ref,
+            x: x_ref,
+            weight: wt_ref,
+            bias: b_ref,
+        },
+        (r, r_ref),
+        terms,
+    );
+}
+
+/// A layer's output `y` and the tensors whose gradients are checked.
+struct Layer<B: burn::tensor::backend::AutodiffBackend, const D: usize> {
+    y: Tensor<B, D>,
+    x: Tensor<B, D>,
+    weight: Tensor<B, D>,
+    bias: Option<Tensor<B, 1>>,
+}
+
+/// The output and the input, weight and bias gradients of loss `sum(y * r)` against the
+/// reference's, each by [`assert_close_to_sums`] with its largest sum of term sizes (`[output,
+/// input, weight, bias]`).
+fn assert_layer_matches<const D: usize>(
+    what: &str,
+    fast: Layer<Fast, D>,
+    reference: Layer<Reference, D>,
+    (r, r_ref): (Tensor<Fast, D>, Tensor<Reference, D>),
+    [y_terms, dx_terms, dw_terms, db_terms]: [f64; 4],
+) {
+    let grads = (fast.y.clone() * r).sum().backward();
+    let grads_ref = (reference.y.clone() * r_ref).sum().backward();
     assert_close_to_sums(
-        &format!("{case:?} d input"),
-        values(x.grad(&grads).unwrap()),
-        values(x_ref.grad(&grads_ref).unwrap()),
+        &format!("{what} output"),
+        values(fast.y),
+        values(reference.y),
+        y_terms,
+    );
+    assert_close_to_sums(
+        &format!("{what} d input"),
+        values(fast.x.grad(&grads).unwrap()),
+        values(reference.x.grad(&grads_ref).unwrap()),
         dx_terms,
     );
     assert_close_to_sums(
-        &format!("{case:?} d weight"),
-        values(wt.grad(&grads).unwrap()),
-        values(wt_ref.grad(&grads_ref).unwrap()),
+        &format!("{what} d weight"),
+        values(fast.weight.grad(&grads).unwrap()),
+        values(reference.weight.grad(&grads_ref).unwrap()),
         dw_terms,
     );
-    if let (Some(b), Some(b_ref)) = (b, b_ref) {
+    if let (Some(b), Some(b_ref)) = (fast.bias, reference.bias) {
         assert_close_to_sums(
-            &format!("{case:?} d bias"),
+            &format!("{what} d bias"),
             values(b.grad(&grads).unwrap()),
             values(b_ref.grad(&grads_ref).unwrap()),
             db_terms,
@@ -249,10 +333,7 @@ fn term_sizes(
     if case.relu {
         g = g * y.clone().detach().greater_elem(0.0).float();
     }
-    let plain = ConvCase {
-        relu: false,
-        ..case.clone()
-    };
+    let plain = case.clone().relu(false);
     let y = conv2d_stock(x.clone(), weight.clone(), Some(bias.clone()), plain.options());
     let y_terms = largest(values(y.clone()));
     let grads = (y * g).sum().backward();
@@ -270,19 +351,10 @@ fn term_sizes(
 #[test]
 fn conv_with_every_output_gated_off_matches_burn() {
     for in_channels in [5, 11] {
-        let case = ConvCase {
-            batch: 1,
-            in_channels,
-            out_channels: 1,
-            h: 8,
-            w: 6,
-            kernel: [5, 2],
-            stride: [2, 2],
-            padding: [0, 2],
-            mode: PadMode::Zeros,
-            bias: false,
-            relu: true,
-        };
+        let case = ConvCase::new(1, [in_channels, 1], [8, 6], [5, 2])
+            .stride(2)
+            .padded([0, 2], false)
+            .bias(false);
         check_conv(&case, 187);
     }
 }
@@ -321,10 +393,7 @@ fn check_conv_affine(case: &ConvCase, seed: u64) {
     use burn::module::Param;
     use burn::nn::{conv::Conv2d, PaddingConfig2d};
     // burn's `Conv2d` pads with zeros only.
-    let case = &ConvCase {
-        mode: PadMode::Zeros,
-        ..case.clone()
-    };
+    let case = &case.clone().padded(case.padding, false);
     let ConvCase {
         batch,
         in_channels,
@@ -381,19 +450,10 @@ fn conv2d_with_batch_norm_folded_at_resnet_shapes_matches_burn() {
         (16, 32, 28, 1, 2, 0),
         (64, 128, 16, 3, 2, 1),
     ] {
-        let case = ConvCase {
-            batch: 2,
-            in_channels: cin,
-            out_channels: cout,
-            h: hw,
-            w: hw,
-            kernel: [k, k],
-            stride: [stride, stride],
-            padding: [pad, pad],
-            mode: PadMode::Zeros,
-            bias: false,
-            relu: true,
-        };
+        let case = ConvCase::new(2, [cin, cout], [hw, hw], [k, k])
+            .stride(stride)
+            .padded([pad, pad], false)
+            .bias(false);
         check_conv_affine(&case, 11);
     }
 }
@@ -410,23 +470,14 @@ fn conv_with_images_side_by_side_matches_burn() {
         (32, 64, 64, 7, 3, 1, 1, false),
         (32, 128, 256, 14, 3, 2, 1, false),
     ] {
-        let case = ConvCase {
+        let case = ConvCase::new(
             batch,
-            in_channels,
-            out_channels,
-            h: size,
-            w: size + 1,
-            kernel: [kernel, kernel],
-            stride: [stride, stride],
-            padding: [padding, padding],
-            mode: if replicate {
-                PadMode::Replicate
-            } else {
-                PadMode::Zeros
-            },
-            bias: true,
-            relu: true,
-        };
+            [in_channels, out_channels],
+            [size, size + 1],
+            [kernel, kernel],
+        )
+        .stride(stride)
+        .padded([padding, padding], replicate);
         check_conv(&case, batch as u64);
     }
 }
@@ -451,23 +502,10 @@ fn conv_weight_gradient_by_direct_kernel_matches_burn() {
         (19, 4, 8, 12, 24, [3, 3], [1, 1], false, true),
         (2, 3, 32, 5, 40, [3, 3], [1, 1], false, true),
     ] {
-        let case = ConvCase {
-            batch,
-            in_channels,
-            out_channels,
-            h,
-            w,
-            kernel,
-            stride: [1, 1],
-            padding,
-            mode: if replicate {
-                PadMode::Replicate
-            } else {
-                PadMode::Zeros
-            },
-            bias: relu,
-            relu,
-        };
+        let case = ConvCase::new(batch, [in_channels, out_channels], [h, w], kernel)
+            .padded(padding, replicate)
+            .bias(relu)
+            .relu(relu);
         check_conv(&case, 40 + batch as u64);
     }
 }
@@ -497,19 +535,9 @@ fn conv_through_winograd_matches_burn() {
         (5, 64, 64, 7, 7, true),
         (4, 63, 64, 8, 8, false),
     ] {
-        let case = ConvCase {
-            batch,
-            in_channels,
-            out_channels,
-            h,
-            w,
-            kernel: [3, 3],
-            stride: [1, 1],
-            padding: [1, 1],
-            mode: PadMode::Zeros,
-            bias: true,
-            relu,
-        };
+        let case = ConvCase::new(batch, [in_channels, out_channels], [h, w], [3, 3])
+            .padded([1, 1], false)
+            .relu(relu);
         check_conv(&case, (batch * h + w) as u64);
     }
 }
@@ -529,19 +557,9 @@ fn conv_input_gradient_by_turned_forward_matches_burn() {
         (2, 64, 32, 6, 7, 5, 2, false),
         (3, 64, 16, 8, 8, 3, 0, true),
     ] {
-        let case = ConvCase {
-            batch,
-            in_channels,
-            out_channels,
-            h,
-            w,
-            kernel: [k, k],
-            stride: [1, 1],
-            padding: [p, p],
-            mode: PadMode::Zeros,
-            bias: true,
-            relu,
-        };
+        let case = ConvCase::new(batch, [in_channels, out_channels], [h, w], [k, k])
+            .padded([p, p], false)
+            .relu(relu);
         check_conv(&case, (batch * h + w + k) as u64);
     }
 }
@@ -561,31 +579,24 @@ fn check_linear(batch: usize, inputs: usize, outputs: usize, bias: bool, relu: b
     let y_ref = linear_stock(x_ref.clone(), w_ref.clone(), b_ref.clone(), relu);
     let (r, r_ref) = same(y.dims(), seed + 3);
     let (r, r_ref) = (r.detach(), r_ref.detach());
-    let [y_terms, dx_terms, dw_terms, db_terms] =
-        linear_term_sizes(relu, &x_ref, &w_ref, b_ref.as_ref(), &r_ref, &y_ref);
-    let grads = (y.clone() * r).sum().backward();
-    let grads_ref = (y_ref.clone() * r_ref).sum().backward();
-    assert_close_to_sums(&format!("{what} output"), values(y), values(y_ref), y_terms);
-    assert_close_to_sums(
-        &format!("{what} d input"),
-        values(x.grad(&grads).unwrap()),
-        values(x_ref.grad(&grads_ref).unwrap()),
-        dx_terms,
+    let terms = linear_term_sizes(relu, &x_ref, &w_ref, b_ref.as_ref(), &r_ref, &y_ref);
+    assert_layer_matches(
+        &what,
+        Layer {
+            y,
+            x,
+            weight: w,
+            bias: b,
+        },
+        Layer {
+            y: y_ref,
+            x: x_ref,
+            weight: w_ref,
+            bias: b_ref,
+        },
+        (r, r_ref),
+        terms,
     );
-    assert_close_to_sums(
-        &format!("{what} d weight"),
-        values(w.grad(&grads).unwrap()),
-        values(w_ref.grad(&grads_ref).unwrap()),
-        dw_terms,
-    );
-    if let (Some(b), Some(b_ref)) = (b, b_ref) {
-        assert_close_to_sums(
-            &format!("{what} d bias"),
-            values(b.grad(&grads).unwrap()),
-            values(b_ref.grad(&grads_ref).unwrap()),
-            db_terms,
-        );
-    }
 }
 
 /// [`term_sizes`] for the fully connected layer: the largest sum of `|term|` behind an element
@@ -667,47 +678,20 @@ fn seed_model_linear_layers_match_burn() {
 /// its input is the image batch).
 #[test]
 fn seed_model_layers_match_burn() {
-    let layer = |in_channels, out_channels, h, k, p, mode, batch| ConvCase {
-        batch,
-        in_channels,
-        out_channels,
-        h,
-        w: h,
-        kernel: [k, k],
-        stride: [1, 1],
-        padding: [p, p],
-        mode,
-        bias: true,
-        relu: true,
+    let layer = |in_channels, out_channels, h, k, p, replicate, batch| {
+        ConvCase::new(batch, [in_channels, out_channels], [h, h], [k, k]).padded([p, p], replicate)
     };
     for (i, case) in [
-        layer(1, 32, 28, 3, 0, PadMode::Zeros, 64),
-        layer(32, 64, 26, 3, 0, PadMode::Zeros, 64),
-        layer(1, 32, 28, 5, 2, PadMode::Replicate, 64),
-        layer(32, 64, 14, 5, 2, PadMode::Replicate, 64),
+        layer(1, 32, 28, 3, 0, false, 64),
+        layer(32, 64, 26, 3, 0, false, 64),
+        layer(1, 32, 28, 5, 2, true, 64),
+        layer(32, 64, 14, 5, 2, true, 64),
         // ResNet-class shapes: 3x3 pad 1 stride 1 and 2, 1x1 stride 2.
-        ConvCase {
-            bias: false,
-            ..layer(16, 16, 28, 3, 1, PadMode::Zeros, 3)
-        },
-        ConvCase {
-            bias: false,
-            relu: false,
-            ..layer(64, 64, 7, 3, 1, PadMode::Zeros, 2)
-        },
-        ConvCase {
-            stride: [2, 2],
-            ..layer(16, 32, 16, 3, 1, PadMode::Zeros, 3)
-        },
-        ConvCase {
-            stride: [2, 2],
-            bias: false,
-            ..layer(16, 32, 16, 1, 0, PadMode::Zeros, 3)
-        },
-        ConvCase {
-            bias: false,
-            ..layer(16, 16, 16, 1, 0, PadMode::Zeros, 3)
-        },
+        layer(16, 16, 28, 3, 1, false, 3).bias(false),
+        layer(64, 64, 7, 3, 1, false, 2).bias(false).relu(false),
+        layer(16, 32, 16, 3, 1, false, 3).stride(2),
+        layer(16, 32, 16, 1, 0, false, 3).stride(2).bias(false),
+        layer(16, 16, 16, 1, 0, false, 3).bias(false),
     ]
     .iter()
     .enumerate()
@@ -1237,19 +1221,11 @@ fn conv_moments_at_model_shapes_match() {
     .into_iter()
     .enumerate()
     {
-        let case = ConvCase {
-            batch,
-            in_channels: cin,
-            out_channels: cout,
-            h: hw,
-            w: hw,
-            kernel: [k, k],
-            stride: [stride, stride],
-            padding: [pad, pad],
-            mode: PadMode::Zeros,
-            bias: i % 2 == 0,
-            relu: false,
-        };
+        let case = ConvCase::new(batch, [cin, cout], [hw, hw], [k, k])
+            .stride(stride)
+            .padded([pad, pad], false)
+            .bias(i % 2 == 0)
+            .relu(false);
         check_conv_moments(&case, after, 31 + i as u64, true);
     }
 }
