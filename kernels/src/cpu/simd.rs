@@ -105,6 +105,30 @@ impl Avx512 {
         unsafe { x86::copy_row(dst, src) }
     }
 
+    /// `dst`'s rows of `width` floats (`dst.len()` a multiple of it) = the rows of `src` that
+    /// start `pitch` floats apart: each row by one whole 16-lane load and store wherever 16
+    /// floats from its start lie inside both slices (the surplus lanes land on the next rows,
+    /// which are written after it), under masks elsewhere.
+    ///
+    /// # Panics
+    /// If `width` is 0 or `dst.len()` not a multiple of it, or `src` is too short for the rows.
+    #[inline(always)]
+    pub(crate) fn copy_rows(self, dst: &mut [f32], src: &[f32], pitch: usize, width: usize) {
+        assert!(width > 0 && dst.len() % width == 0, "copy_rows: rows");
+        let rows = dst.len() / width;
+        if rows > 0 {
+            assert!(
+                (rows - 1)
+                    .checked_mul(pitch)
+                    .and_then(|e| e.checked_add(width))
+                    .is_some_and(|e| e <= src.len()),
+                "copy_rows: src too short"
+            );
+        }
+        // SAFETY: as in `copy_row`; the bounds `x86::copy_rows` needs are checked above.
+        unsafe { x86::copy_rows(dst, src, pitch, width) }
+    }
+
     /// `dst += src` (same length) with masked 16-lane operations.
     #[inline(always)]
     pub(crate) fn add_row(self, dst: &mut [f32], src: &[f32]) {
@@ -546,6 +570,30 @@ mod x86 {
             // neither read nor written.
             unsafe { _mm512_mask_storeu_ps(d.add(i), k, _mm512_maskz_loadu_ps(k, s.add(i))) };
             i += 16;
+        }
+    }
+
+    /// [`super::Avx512::copy_rows`].
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F; `width > 0`, `dst.len()` is a multiple of `width`, and `src` holds
+    /// `(rows - 1) * pitch + width` floats for `rows = dst.len() / width` (when not 0).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(super) unsafe fn copy_rows(dst: &mut [f32], src: &[f32], pitch: usize, width: usize) {
+        for r in 0..dst.len() / width {
+            let (at, from) = (r * width, r * pitch);
+            if width <= 16 && at + 16 <= dst.len() && from + 16 <= src.len() {
+                // SAFETY: 16 floats from `at` lie in `dst` and from `from` in `src` (checked
+                // just above); the lanes past this row's `width` land on the rows after it,
+                // inside `dst`, which are written after it.
+                unsafe {
+                    _mm512_storeu_ps(dst.as_mut_ptr().add(at), _mm512_loadu_ps(src.as_ptr().add(from)))
+                };
+            } else {
+                // SAFETY: the CPU runs AVX-512F (the caller's bound).
+                unsafe { copy_row(&mut dst[at..at + width], &src[from..from + width]) };
+            }
         }
     }
 
