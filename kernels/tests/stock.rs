@@ -144,11 +144,8 @@ impl ConvCase {
         }
     }
 
-    fn stride(self, stride: usize) -> Self {
-        Self {
-            stride: [stride, stride],
-            ..self
-        }
+    fn stride(self, stride: [usize; 2]) -> Self {
+        Self { stride, ..self }
     }
 
     /// `padding` rows and columns of zeros, or copies of the border when `replicate`.
@@ -201,13 +198,11 @@ fn conv_case() -> impl Strategy<Value = ConvCase> {
                 (replicate, bias, relu),
             )| {
                 let (h, w) = (kh + dh + 1, kw + dw + 2);
-                let case = ConvCase {
-                    stride: [sh, sw],
-                    ..ConvCase::new(batch, [in_channels, out_channels], [h, w], [kh, kw])
-                        .padded([ph, pw], replicate)
-                        .bias(bias)
-                        .relu(relu)
-                };
+                let case = ConvCase::new(batch, [in_channels, out_channels], [h, w], [kh, kw])
+                    .stride([sh, sw])
+                    .padded([ph, pw], replicate)
+                    .bias(bias)
+                    .relu(relu);
                 (h + 2 * ph >= kh && w + 2 * pw >= kw).then_some(case)
             },
         )
@@ -352,7 +347,7 @@ fn term_sizes(
 fn conv_with_every_output_gated_off_matches_burn() {
     for in_channels in [5, 11] {
         let case = ConvCase::new(1, [in_channels, 1], [8, 6], [5, 2])
-            .stride(2)
+            .stride([2, 2])
             .padded([0, 2], false)
             .bias(false);
         check_conv(&case, 187);
@@ -451,7 +446,7 @@ fn conv2d_with_batch_norm_folded_at_resnet_shapes_matches_burn() {
         (64, 128, 16, 3, 2, 1),
     ] {
         let case = ConvCase::new(2, [cin, cout], [hw, hw], [k, k])
-            .stride(stride)
+            .stride([stride, stride])
             .padded([pad, pad], false)
             .bias(false);
         check_conv_affine(&case, 11);
@@ -476,7 +471,7 @@ fn conv_with_images_side_by_side_matches_burn() {
             [size, size + 1],
             [kernel, kernel],
         )
-        .stride(stride)
+        .stride([stride, stride])
         .padded([padding, padding], replicate);
         check_conv(&case, batch as u64);
     }
@@ -689,8 +684,8 @@ fn seed_model_layers_match_burn() {
         // ResNet-class shapes: 3x3 pad 1 stride 1 and 2, 1x1 stride 2.
         layer(16, 16, 28, 3, 1, false, 3).bias(false),
         layer(64, 64, 7, 3, 1, false, 2).bias(false).relu(false),
-        layer(16, 32, 16, 3, 1, false, 3).stride(2),
-        layer(16, 32, 16, 1, 0, false, 3).stride(2).bias(false),
+        layer(16, 32, 16, 3, 1, false, 3).stride([2, 2]),
+        layer(16, 32, 16, 1, 0, false, 3).stride([2, 2]).bias(false),
         layer(16, 16, 16, 1, 0, false, 3).bias(false),
     ]
     .iter()
@@ -1222,7 +1217,7 @@ fn conv_moments_at_model_shapes_match() {
     .enumerate()
     {
         let case = ConvCase::new(batch, [cin, cout], [hw, hw], [k, k])
-            .stride(stride)
+            .stride([stride, stride])
             .padded([pad, pad], false)
             .bias(i % 2 == 0)
             .relu(false);
