@@ -537,6 +537,33 @@ fn conv_through_winograd_matches_burn() {
     }
 }
 
+/// Stride-1 convolutions on rows of 7 to 14 pixels with a multiple of 32 output channels and
+/// at most as many (and at most 64) input channels, where conv.rs takes the forward, and the
+/// input gradient where its transposed shape qualifies too, by the kernel with the output
+/// channels in the vector lanes (`lane_direct`, on AVX-512 CPUs): ResNet-20's stages 2 and 3,
+/// the speedrun net's block 2 and flashlight's 5x5 replicate-padded layer, the narrowest and
+/// widest rows, non-square images, 96 output channels (three tiles of 32), input channels in
+/// whole and partial summation blocks, with and without the bias and the fused ReLU.
+#[test]
+fn conv_by_lane_kernel_matches_burn() {
+    for (batch, in_channels, out_channels, h, w, k, p, replicate, relu) in [
+        (3, 32, 32, 14, 14, 3, 1, false, true),
+        (2, 64, 64, 7, 7, 3, 1, false, true),
+        (2, 32, 64, 14, 14, 3, 1, false, false),
+        (2, 32, 64, 14, 14, 5, 2, true, false),
+        (2, 8, 32, 5, 7, 3, 1, false, true),
+        (2, 20, 32, 9, 14, 3, 1, false, false),
+        (2, 48, 96, 9, 11, 3, 0, false, true),
+        (17, 32, 32, 8, 8, 3, 1, false, true),
+    ] {
+        let case = ConvCase::new(batch, [in_channels, out_channels], [h, w], [k, k])
+            .padded([p, p], replicate)
+            .bias(!relu)
+            .relu(relu);
+        check_conv(&case, (batch * h + w + k + 1) as u64);
+    }
+}
+
 /// Where the input gradient of a stride-1 zero-padded convolution with 64 or more input
 /// channels on images of at most 8x8 pixels is taken by the turned kernel's own forward instead
 /// of col2im (conv.rs `turned_forward_pays`): ResNet-20's stage 3 and the speedrun net's block

@@ -1,6 +1,7 @@
-//! 2-D convolution on contiguous NCHW `f32` buffers: im2col + one GEMM per image, a direct
-//! kernel for small channel counts, and Winograd's F(2x2, 3x3) for the wide 3x3 layers
-//! (`winograd`, where it measured faster).
+//! 2-D convolution on contiguous NCHW `f32` buffers: im2col + one GEMM per image, direct
+//! kernels on the padded image (pixels in the vector lanes for small channel counts on wide
+//! rows, output channels in the lanes on rows of 7 to 14 pixels), and Winograd's F(2x2, 3x3)
+//! for the wide 3x3 layers (`winograd`), each where it measured faster.
 //!
 //! Every image is computed by one thread with a single-threaded GEMM, so an image's result does
 //! not depend on how many threads run; the weight and bias gradients sum over images in groups
@@ -477,20 +478,16 @@ fn direct_weight_image(
     dy_stride: usize,
     gw_t: &mut [f32],
 ) {
-    let (ph_n, pw_n) = padded_size(s);
-    let plane = ph_n * pw_n;
-    let (oh_n, ow_n) = (s.out_h(), s.out_w());
-    let n = (oh_n - 1) * pw_n + ow_n;
-    let dy_pitch = n.next_multiple_of(16);
-    with_scratch(3, s.in_channels * plane, |padded| {
-        pad_image(s, x, padded);
+    with_padded(s, x, |padded, plane, pw_n| {
+        let n = (s.out_h() - 1) * pw_n + s.out_w();
+        let dy_pitch = n.next_multiple_of(16);
         with_scratch(0, s.out_channels * dy_pitch + 15, |rows| {
             // The first float on a 64-byte boundary (`align_offset` counts floats; at most 15).
             let skip = rows.as_ptr().align_offset(64).min(15);
             let rows = &mut rows[skip..][..s.out_channels * dy_pitch];
             spread(s, dy, dy_stride, rows, dy_pitch);
             let grad = super::simd::ShiftedWeightGrad {
-                input: &padded[..s.in_channels * plane],
+                input: padded,
                 channels: s.in_channels,
                 plane,
                 shifts,
@@ -577,7 +574,130 @@ fn transposed(s: &ConvShape) -> Option<ConvShape> {
 /// | 32x14x14 -> 64 (not taken) | 3.91 / 4.20 | 5.59 / 5.78 |
 /// | 32x26x26 -> 64, no padding (not taken) | 14.0 / 14.4 | 21.0 / 20.2 |
 fn turned_forward_pays(t: &ConvShape) -> bool {
-    t.out_channels >= 64 && t.in_h * t.in_w <= 64 && direct(t).is_none()
+    lane_direct(t).is_some() || (t.out_channels >= 64 && t.in_h * t.in_w <= 64 && direct(t).is_none())
+}
+
+/// The direct convolution with the output channels in the vector lanes
+/// ([`super::simd::Avx512::lane_conv`]) for `s`, when it applies: an AVX-512F CPU, stride 1,
+/// a kernel larger than 1x1, a multiple of 32 output channels and output rows of at most
+/// [`super::simd::LANE_MAX_WIDTH`] pixels (where [`direct`]'s pixel lanes would be mostly
+/// padding). It reads the padded image in place, as [`direct`] does: no unfolded copy.
+#[cfg(target_arch = "x86_64")]
+fn lane_direct(s: &ConvShape) -> Option<super::simd::Avx512> {
+    let applies = s.stride == [1, 1]
+        && s.kernel != [1, 1]
+        && s.out_channels % 32 == 0
+        && (DIRECT_MIN_CHANNELS..=LANE_MAX_IN).contains(&s.in_channels)
+        && s.in_channels <= s.out_channels
+        && (LANE_MIN_WIDTH..=super::simd::LANE_MAX_WIDTH).contains(&s.out_w())
+        && s.is_valid();
+    applies.then(super::simd::Avx512::detect).flatten()
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn lane_direct(_: &ConvShape) -> Option<std::convert::Infallible> {
+    None
+}
+
+/// Where the lane kernel beats im2col + GEMM (and the turned forward for input gradients):
+/// `benches/kernels.rs`, one thread, batch 64, Intel Xeon with AVX-512, fastest ms, the same
+/// binary with the kernel switched off and on back to back:
+///
+/// | layer | pass | im2col + GEMM | lanes |
+/// |---|---|---|---|
+/// | 32x14x14 -> 32 (ResNet-20 stage 2) | forward | 2.53 | 1.63 |
+/// | | input gradient | 2.49 | 2.19 |
+/// | 64x7x7 -> 64 (ResNet-20 stage 3) | forward | 2.49 | 2.06 |
+/// | | input gradient | 2.74 | 2.61 |
+/// | 32x14x14 -> 64 (speedrun block 2) | forward | 4.22 | 3.16 |
+/// | 32x14x14 -> 64 5x5 replicate (flashlight) | forward | 10.6 | 7.93 |
+/// | 64x7x7 -> 128 (speedrun block 3) | forward | 4.16 | 3.78 |
+///
+/// and not taken (an earlier run, summation blocks of 32 channels):
+///
+/// | layer | pass | im2col + GEMM | lanes |
+/// |---|---|---|---|
+/// | 64x14x14 -> 32 (block 2's input gradient) | input gradient | 4.40 | 4.72 / 4.73 |
+/// | 128x7x7 -> 64 (block 3's input gradient) | input gradient | 5.19 | 6.18 / 6.03 |
+/// | 512x4x4 -> 512 (ResNet-18 stage 4) | forward | 35.9 | 59.4 |
+///
+/// It loses where more input channels than output channels make the GEMM's sums long and its
+/// tiles full, and on rows under 7 pixels (a tile of 4 pixels keeps 16 accumulators).
+const LANE_MAX_IN: usize = 64;
+const LANE_MIN_WIDTH: usize = 7;
+
+/// Input channels per summation block of [`lane_direct`]'s kernel: its running sums are at
+/// most [`LANE_BLOCK_TERMS`] terms long (one channel's taps where a kernel has more).
+fn lane_block_channels(s: &ConvShape) -> usize {
+    (LANE_BLOCK_TERMS / (s.kernel[0] * s.kernel[1])).max(1)
+}
+
+/// The lane kernel's summation block, in terms: 16 channels of a 3x3 kernel. One image of
+/// 64x7x7 -> 64 (one thread, the kernel alone, repeated): 25.2 us in one block of 64
+/// channels, 26.6 in blocks of 32, 23.8 in blocks of 16 and 23.4 in blocks of 8; 32x14x14 ->
+/// 32: 21.1, 19.9, 19.3, 20.5.
+const LANE_BLOCK_TERMS: usize = 144;
+
+/// A convolution's weights in the lane kernel's order, `[out / (16 v)][in][taps][16 v]`
+/// ([`super::simd::lane_vectors`]), from `get(out_channel, in_channel, tap)`.
+fn pack_lanes(s: &ConvShape, get: impl Fn(usize, usize, usize) -> f32) -> Vec<f32> {
+    let block = 16 * super::simd::lane_vectors(s.out_channels, s.out_w());
+    let taps = s.kernel[0] * s.kernel[1];
+    let mut packed = Vec::with_capacity(s.weight_len());
+    for ob in 0..s.out_channels / block {
+        for c in 0..s.in_channels {
+            for t in 0..taps {
+                packed.extend((0..block).map(|o| get(ob * block + o, c, t)));
+            }
+        }
+    }
+    packed
+}
+
+/// One image through the lane kernel: padded copy, convolution into pixel-major scratch, then
+/// into `out`'s planes (`[out_channels, out_h, out_w]`).
+#[cfg(target_arch = "x86_64")]
+fn lane_image(
+    cpu: super::simd::Avx512,
+    s: &ConvShape,
+    shifts: &[usize],
+    x: &[f32],
+    packed: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+) {
+    with_padded(s, x, |padded, plane, pw_n| {
+        with_scratch(0, s.out_image(), |pixels| {
+            let conv = super::simd::LaneConv {
+                input: padded,
+                channels: s.in_channels,
+                plane,
+                shifts,
+                row_pitch: pw_n,
+                rows: s.out_h(),
+                width: s.out_w(),
+                packed,
+                bias,
+                out_channels: s.out_channels,
+                block_channels: lane_block_channels(s),
+            };
+            cpu.lane_conv(&conv, pixels);
+            cpu.pixels_to_planes(pixels, s.out_channels, out);
+        })
+    });
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn lane_image(
+    cpu: std::convert::Infallible,
+    _: &ConvShape,
+    _: &[usize],
+    _: &[f32],
+    _: &[f32],
+    _: Option<&[f32]>,
+    _: &mut [f32],
+) {
+    match cpu {}
 }
 
 /// A convolution's weights in the direct kernel's order, `[out / 4][in][taps][4]`, from
@@ -606,6 +726,17 @@ fn tap_shifts(s: &ConvShape) -> Vec<usize> {
         .collect()
 }
 
+/// `f(padded, plane, pw_n)`: `x` (one image) in the padded planes that the direct kernels read
+/// (`plane` floats a channel, rows `pw_n` apart), in a scratch buffer.
+fn with_padded<R>(s: &ConvShape, x: &[f32], f: impl FnOnce(&[f32], usize, usize) -> R) -> R {
+    let (ph_n, pw_n) = padded_size(s);
+    let plane = ph_n * pw_n;
+    with_scratch(3, s.in_channels * plane, |padded| {
+        pad_image(s, x, padded);
+        f(padded, plane, pw_n)
+    })
+}
+
 /// One image through the direct kernel: padded copy, convolution in the padded row pitch, then
 /// the real pixels into `out` (`[out_channels, out_h, out_w]`).
 #[cfg(target_arch = "x86_64")]
@@ -618,16 +749,13 @@ fn direct_image(
     bias: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    let (ph_n, pw_n) = padded_size(s);
-    let (plane, channels) = (ph_n * pw_n, s.in_channels);
-    let pitch = s.out_h() * pw_n;
-    let n = (s.out_h() - 1) * pw_n + s.out_w();
-    with_scratch(3, channels * plane, |padded| {
-        pad_image(s, x, padded);
+    with_padded(s, x, |padded, plane, pw_n| {
+        let pitch = s.out_h() * pw_n;
+        let n = (s.out_h() - 1) * pw_n + s.out_w();
         with_scratch(0, s.out_channels * pitch, |wide| {
             let conv = super::simd::ShiftedConv {
-                input: &padded[..channels * plane],
-                channels,
+                input: padded,
+                channels: s.in_channels,
                 plane,
                 shifts,
                 packed,
@@ -810,20 +938,27 @@ fn forward(
         let packed = pack_weights(s, tap);
         (cpu, packed, tap_shifts(s))
     });
+    let lanes = lane_direct(s).map(|cpu| (cpu, pack_lanes(s, tap), tap_shifts(s)));
     let product = |col: &[f32], out: &mut [f32], cols: usize, accumulate: bool| {
         weights_times(weight, s.out_channels, patch, col, out, cols, accumulate)
     };
     let image = |(x, out): (&[f32], &mut [f32])| {
         if let Some((cpu, packed, shifts)) = &direct {
             direct_image(*cpu, s, shifts, x, packed, bias, out);
-            if relu {
-                relu_in_place(out);
-            }
-            return;
+        } else if let Some((cpu, packed, shifts)) = &lanes {
+            lane_image(*cpu, s, shifts, x, packed, bias, out);
+        } else {
+            return unfolded_image(s, x, weight, bias, relu, out);
         }
-        unfolded_image(s, x, weight, bias, relu, out);
+        if relu {
+            relu_in_place(out);
+        }
     };
-    let together = if direct.is_some() { 1 } else { images_per_gemm(s) };
+    let together = if direct.is_some() || lanes.is_some() {
+        1
+    } else {
+        images_per_gemm(s)
+    };
     if together == 1 {
         return x
             .par_chunks(s.in_image())
@@ -937,8 +1072,10 @@ impl<'a> ConvImages<'a> {
         if let Some(bias) = bias {
             assert_eq!(bias.len(), s.out_channels, "conv2d: bias length");
         }
-        let per_image =
-            !winograd::applies(s, winograd::Pass::Forward) && direct(s).is_none() && images_per_gemm(s) == 1;
+        let per_image = !winograd::applies(s, winograd::Pass::Forward)
+            && direct(s).is_none()
+            && lane_direct(s).is_none()
+            && images_per_gemm(s) == 1;
         (per_image && s.patch() <= RECOMPUTE_MAX_PATCH).then_some(Self {
             s: *s,
             x,
@@ -1611,6 +1748,80 @@ mod tests {
             }
         }
         assert!(cases > 30, "{cases} shapes");
+    }
+
+    /// The lane kernel (output channels in the vector lanes) against the definition, on every
+    /// row width its register tiles take (1-14 pixels with 2 vectors of output channels, 1-7
+    /// with 4), several blocks of 32 or 64 output channels, input channels in whole and partial
+    /// summation blocks, zero and replicate padding, non-square images and kernels.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn lane_kernel_matches_the_definition() {
+        let Some(cpu) = super::super::simd::Avx512::detect() else {
+            eprintln!("skipped: this CPU has no AVX-512F (or EMBER_SIMD=portable)");
+            return;
+        };
+        let mut cases = 0;
+        let mut widths = [[false; 15]; 2];
+        for w in 1..=14 {
+            for (c, o, h, kh, kw, pad, mode) in [
+                (3, 32, 5, 3, 3, [1, 1], PadMode::Zeros),
+                (17, 64, 4, 3, 3, [1, 1], PadMode::Zeros),
+                (35, 96, 3, 3, 3, [0, 1], PadMode::Zeros),
+                (8, 128, 6, 2, 3, [1, 2], PadMode::Replicate),
+                (6, 32, 7, 5, 5, [2, 2], PadMode::Replicate),
+            ] {
+                let s = ConvShape {
+                    batch: 1,
+                    in_channels: c,
+                    in_h: h,
+                    in_w: w + kw - 1 - 2 * pad[1],
+                    out_channels: o,
+                    kernel: [kh, kw],
+                    stride: [1, 1],
+                    padding: pad,
+                    mode,
+                };
+                if w + kw - 1 < 2 * pad[1] + 1 || !s.is_valid() || s.out_w() != w {
+                    continue;
+                }
+                cases += 1;
+                widths[usize::from(super::super::simd::lane_vectors(o, w) == 4)][w] = true;
+                let x: Vec<f32> = (0..s.in_image())
+                    .map(|i| ((i * 7919) % 23) as f32 * 0.1 - 1.1)
+                    .collect();
+                let wt: Vec<f32> = (0..s.weight_len())
+                    .map(|i| ((i * 104729) % 17) as f32 * 0.1 - 0.8)
+                    .collect();
+                let b: Vec<f32> = (0..o).map(|i| i as f32 * 0.25 - 0.5).collect();
+                let taps = kh * kw;
+                let packed = pack_lanes(&s, |oc, ic, t| wt[(oc * c + ic) * taps + t]);
+                for bias in [Some(&b[..]), None] {
+                    let mut out = vec![f32::NAN; s.out_image()];
+                    lane_image(cpu, &s, &tap_shifts(&s), &x, &packed, bias, &mut out);
+                    let zeros = vec![0.0; o];
+                    let want = reference(&s, &x, &wt, bias.unwrap_or(&zeros));
+                    for (i, (got, want)) in out.iter().zip(want).enumerate() {
+                        assert!(
+                            (*got as f64 - want).abs() <= 1e-4 * want.abs().max(1.0),
+                            "{s:?} bias {} out[{i}]: {got} vs {want}",
+                            bias.is_some()
+                        );
+                    }
+                }
+            }
+        }
+        assert!(
+            widths[0][1..].iter().all(|&w| w),
+            "2-vector widths: {:?}",
+            widths[0]
+        );
+        assert!(
+            widths[1][1..8].iter().all(|&w| w),
+            "4-vector widths: {:?}",
+            widths[1]
+        );
+        assert!(cases > 40, "{cases} shapes");
     }
 
     /// The AVX-512 row loops give the portable ones' results bit for bit, for rows shorter and

@@ -48,6 +48,48 @@ pub(crate) struct ShiftedWeightGrad<'a> {
     pub n: usize,
 }
 
+/// One direct convolution with the output channels in the vector lanes (where
+/// [`ShiftedConv`]'s pixel lanes would be mostly padding: rows of 7 or 14 pixels), over an
+/// input laid out so that each kernel tap is a constant shift (`conv.rs`' padded planes):
+/// `out[(r * width + w) * out_channels + o] = bias[o] + sum_c sum_t w[o, c, t] * input[c *
+/// plane + shifts[t] + r * row_pitch + w]` for `r < rows`, `w < width`, `o < out_channels`.
+/// The output is pixel-major (`[rows * width][out_channels]`). Each sum runs over the channels
+/// in blocks of `block_channels`, each block from zero and then added on (as a GEMM's `k`
+/// blocks), so that no single running sum is longer than a block.
+pub(crate) struct LaneConv<'a> {
+    /// `channels` planes of `plane` floats.
+    pub input: &'a [f32],
+    pub channels: usize,
+    pub plane: usize,
+    /// Each tap's offset in a plane.
+    pub shifts: &'a [usize],
+    /// The input's row pitch, and the output's rows and pixels per row.
+    pub row_pitch: usize,
+    pub rows: usize,
+    pub width: usize,
+    /// The weights as `[out_channels / (16 * v)][channels][taps][16 * v]`, `v` being
+    /// [`lane_vectors`].
+    pub packed: &'a [f32],
+    pub bias: Option<&'a [f32]>,
+    pub out_channels: usize,
+    pub block_channels: usize,
+}
+
+/// The widest output row [`LaneConv`] takes: one register tile of 2 vectors of output channels
+/// x 14 pixels (28 accumulators of the 32 registers), or 4 x 7.
+pub(crate) const LANE_MAX_WIDTH: usize = 14;
+
+/// Output-channel vectors per register tile of [`LaneConv`] for `out_channels` (a multiple of
+/// 32) on rows of `width` pixels: 4 where 64 channels divide it and the row has at most 7
+/// pixels, else 2.
+pub(crate) fn lane_vectors(out_channels: usize, width: usize) -> usize {
+    if out_channels % 64 == 0 && width <= 7 {
+        4
+    } else {
+        2
+    }
+}
+
 /// Whether the AVX-512 paths run: the CPU has AVX-512F and `EMBER_SIMD` is not `portable`.
 pub(crate) fn avx512() -> bool {
     Avx512::detect().is_some()
@@ -209,6 +251,66 @@ impl Avx512 {
         // SAFETY: `self` exists only on a CPU with AVX-512F; the asserts above are the bounds
         // `x86::shifted_weight_grad` requires.
         unsafe { x86::shifted_weight_grad(g, grad) }
+    }
+
+    /// [`x86::lane_conv`], with every bound that function needs checked here (a violation
+    /// panics).
+    pub(crate) fn lane_conv(self, c: &LaneConv<'_>, out: &mut [f32]) {
+        let taps = c.shifts.len();
+        assert!(
+            c.channels > 0 && taps > 0 && c.rows > 0 && c.block_channels > 0,
+            "lane_conv: empty shapes"
+        );
+        assert!(
+            (1..=LANE_MAX_WIDTH).contains(&c.width) && c.out_channels > 0 && c.out_channels % 32 == 0,
+            "lane_conv: a row wider than 14 pixels or output channels not a multiple of 32"
+        );
+        assert!(
+            c.input.len() >= c.channels * c.plane,
+            "lane_conv: input too short"
+        );
+        assert_eq!(
+            c.packed.len(),
+            c.out_channels * c.channels * taps,
+            "lane_conv: packed weights"
+        );
+        if let Some(b) = c.bias {
+            assert_eq!(b.len(), c.out_channels, "lane_conv: bias length");
+        }
+        // Every read `c * plane + shift + r * row_pitch + w` (r < rows, w < width) stays in
+        // channel c's plane.
+        let span = (c.rows - 1) * c.row_pitch + c.width;
+        assert!(
+            c.shifts.iter().all(|&sh| sh + span <= c.plane),
+            "lane_conv: a shift reads past its plane"
+        );
+        assert!(
+            out.len() >= c.rows * c.width * c.out_channels,
+            "lane_conv: output too short"
+        );
+        // SAFETY: `self` exists only on a CPU with AVX-512F; the asserts above are the bounds
+        // `x86::lane_conv` requires.
+        unsafe { x86::lane_conv(c, out) }
+    }
+
+    /// `planes[c * pixels + p] = src[p * channels + c]` for `c < channels`, `p < pixels`:
+    /// pixel-major values (as [`LaneConv`] writes them) into channel planes, 16 pixels of a
+    /// channel per gather.
+    ///
+    /// # Panics
+    /// If `src` or `planes` is not `channels * pixels` long, or that is `i32::MAX` or more.
+    pub(crate) fn pixels_to_planes(self, src: &[f32], channels: usize, planes: &mut [f32]) {
+        assert!(
+            channels > 0 && planes.len() % channels == 0,
+            "pixels_to_planes: channels"
+        );
+        assert_eq!(src.len(), planes.len(), "pixels_to_planes: lengths");
+        assert!(
+            src.len() < i32::MAX as usize,
+            "pixels_to_planes: too long for i32 indices"
+        );
+        // SAFETY: `self` exists only on a CPU with AVX-512F; lengths checked above.
+        unsafe { x86::pixels_to_planes(src, channels, planes) }
     }
 
     /// The sixteen partial sums of batch norm's `grad_sums` over `x` (value `k` into sum
@@ -429,14 +531,16 @@ mod x86 {
         acc
     }
 
-    /// One register tile of [`shifted_conv`]: 96 pixels from `input` (already offset to the
-    /// tile's first pixel) of each of `channels` planes, shifted by each tap.
+    /// One register tile of a direct convolution ([`shifted_conv`]: 96 pixels, [`lane_rows`]:
+    /// one output row) from `input` (already offset to the tile's first pixel) of each of
+    /// `channels` planes, shifted by each tap.
     struct ConvTile<'a> {
         input: *const f32,
         plane: usize,
         channels: usize,
         shifts: &'a [usize],
-        /// The tile's 4 output channels' weights, `[channels][taps][4]`.
+        /// The tile's output channels' weights, `[channels][taps][4]` for [`shifted_conv`],
+        /// `[channels][taps][16 * V]` for [`lane_rows`].
         weights: &'a [f32],
     }
 
@@ -480,6 +584,143 @@ mod x86 {
             }
         }
         acc
+    }
+
+    /// [`super::LaneConv`]'s convolution, in register tiles of `V` vectors of output channels
+    /// x one output row of `R` pixels: per channel and tap, `V` weight loads and `R` broadcast
+    /// input pixels feed `V * R` FMAs (2 x 14 or 4 x 7: 28 accumulators).
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F and `c` meets the bounds [`super::Avx512::lane_conv`] checks.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn lane_conv(c: &super::LaneConv<'_>, out: &mut [f32]) {
+        macro_rules! by_width {
+            ($v:literal; $($r:literal)*) => {
+                match c.width {
+                    // SAFETY: the caller's bounds; `R` is the row's width.
+                    $($r => unsafe { lane_rows::<$v, $r>(c, out) },)*
+                    w => unreachable!("lane_conv: width {w}"),
+                }
+            };
+        }
+        if super::lane_vectors(c.out_channels, c.width) == 4 {
+            by_width!(4; 1 2 3 4 5 6 7)
+        } else {
+            by_width!(2; 1 2 3 4 5 6 7 8 9 10 11 12 13 14)
+        }
+    }
+
+    /// [`lane_conv`] for `V` vectors of output channels on rows of `R` pixels.
+    ///
+    /// # Safety
+    /// As [`lane_conv`]; `R` is `c.width` and `V` is [`super::lane_vectors`].
+    #[target_feature(enable = "avx512f")]
+    unsafe fn lane_rows<const V: usize, const R: usize>(c: &super::LaneConv<'_>, out: &mut [f32]) {
+        let taps = c.shifts.len();
+        let block = 16 * V;
+        let (inp, outp) = (c.input.as_ptr(), out.as_mut_ptr());
+        for ob in 0..c.out_channels / block {
+            let weights = &c.packed[ob * c.channels * taps * block..][..c.channels * taps * block];
+            let bias: [__m512; V] = std::array::from_fn(|v| match c.bias {
+                // SAFETY: `ob * block + 16 * v + 16 <= out_channels`, the bias's length.
+                Some(b) => unsafe { _mm512_loadu_ps(b.as_ptr().add(ob * block + 16 * v)) },
+                None => _mm512_setzero_ps(),
+            });
+            for c0 in (0..c.channels).step_by(c.block_channels) {
+                let cn = c.block_channels.min(c.channels - c0);
+                let first = c0 == 0;
+                for row in 0..c.rows {
+                    let o_row = outp.wrapping_add(row * R * c.out_channels + ob * block);
+                    let acc = [if first { bias } else { [_mm512_setzero_ps(); V] }; R];
+                    let tile = ConvTile {
+                        input: inp.wrapping_add(c0 * c.plane + row * c.row_pitch),
+                        plane: c.plane,
+                        channels: cn,
+                        shifts: c.shifts,
+                        weights: &weights[c0 * taps * block..][..cn * taps * block],
+                    };
+                    // SAFETY: the caller's bounds: the tile's channels, shifted by any tap,
+                    // hold its row's R pixels.
+                    let acc = unsafe { lane_tile::<V, R>(acc, &tile) };
+                    for (r, acc) in acc.iter().enumerate() {
+                        for (v, &a) in acc.iter().enumerate() {
+                            let p = o_row.wrapping_add(r * c.out_channels + 16 * v);
+                            // SAFETY: pixel `row * R + r` < rows * width, channel `ob * block
+                            // + 16 * v + 15` < out_channels: inside `out`.
+                            unsafe {
+                                let sum = if first {
+                                    a
+                                } else {
+                                    _mm512_add_ps(_mm512_loadu_ps(p), a)
+                                };
+                                _mm512_storeu_ps(p, sum);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`lane_rows`]' sums over the tile's channels and taps onto `acc`, each in order (`c`,
+    /// then `t`). Taken and returned by value, so that the accumulators stay in registers.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F; for every channel `c < channels` and shift `sh`, `input + c *
+    /// plane + sh` is followed by `R` readable floats; `weights` holds `channels * taps * 16 *
+    /// V` floats.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn lane_tile<const V: usize, const R: usize>(
+        mut acc: [[__m512; V]; R],
+        tile: &ConvTile<'_>,
+    ) -> [[__m512; V]; R] {
+        let taps = tile.shifts.len();
+        let w = tile.weights.as_ptr();
+        for c in 0..tile.channels {
+            let base = tile.input.wrapping_add(c * tile.plane);
+            for (t, &sh) in tile.shifts.iter().enumerate() {
+                let p = base.wrapping_add(sh);
+                let wt = w.wrapping_add((c * taps + t) * 16 * V);
+                // SAFETY: `(c * taps + t + 1) * 16 * V` floats are in `weights`.
+                let wv: [__m512; V] = std::array::from_fn(|v| unsafe { _mm512_loadu_ps(wt.add(16 * v)) });
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: the caller's bounds: `p + r` for r < R is readable.
+                    let x = _mm512_set1_ps(unsafe { *p.add(r) });
+                    for v in 0..V {
+                        acc[v] = _mm512_fmadd_ps(wv[v], x, acc[v]);
+                    }
+                }
+            }
+        }
+        acc
+    }
+
+    /// [`super::Avx512::pixels_to_planes`].
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F; `src` and `planes` are `channels * pixels` long, less than
+    /// `i32::MAX`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pixels_to_planes(src: &[f32], channels: usize, planes: &mut [f32]) {
+        let pixels = planes.len() / channels;
+        let step = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(channels as i32),
+        );
+        for (ch, plane) in planes.chunks_exact_mut(pixels).enumerate() {
+            for p0 in (0..pixels).step_by(16) {
+                let k = lanes((pixels - p0).min(16));
+                // Lane `l` reads `src[(p0 + l) * channels + ch]`, inside `src` for the lanes
+                // of `k` (`p0 + l < pixels`); the others are not read.
+                let at = src.as_ptr().wrapping_add(p0 * channels + ch);
+                // SAFETY: as above; lanes `p0..p0 + popcount(k)` lie inside `plane`.
+                unsafe {
+                    let v = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), k, step, at.cast());
+                    _mm512_mask_storeu_ps(plane.as_mut_ptr().add(p0), k, v);
+                }
+            }
+        }
     }
 
     /// [`super::Avx512::bn_grad_lanes`]: lane `l` of the two `f64` vector pairs holds the
