@@ -540,7 +540,8 @@ fn conv_through_winograd_matches_burn() {
 /// Stride-1 convolutions on rows of 7 to 14 pixels with a multiple of 32 output channels and
 /// at most as many (and at most 64) input channels, where conv.rs takes the forward, and the
 /// input gradient where its transposed shape qualifies too, by the kernel with the output
-/// channels in the vector lanes (`lane_direct`, on AVX-512 CPUs): ResNet-20's stages 2 and 3,
+/// channels in the vector lanes (`lane_direct`, on AVX-512 CPUs), and for 3x3 kernels the
+/// weight gradient likewise (`lane_weight_grad`): ResNet-20's stages 2 and 3,
 /// the speedrun net's block 2 and flashlight's 5x5 replicate-padded layer, the narrowest and
 /// widest rows, non-square images, 96 output channels (three tiles of 32), input channels in
 /// whole and partial summation blocks, with and without the bias and the fused ReLU.

@@ -75,6 +75,24 @@ pub(crate) struct LaneConv<'a> {
     pub block_channels: usize,
 }
 
+/// One 3x3 weight gradient with the output channels in the vector lanes, the transpose of
+/// [`LaneConv`]: `grad[(c * 9 + t) * out_channels + o] += sum_r sum_w dy[(r * width + w) *
+/// out_channels + o] * input[c * plane + (r + t / 3) * row_pitch + w + t % 3]` over the
+/// output's `rows x width` pixels, `dy` pixel-major. Each of the image's sums runs over its
+/// pixels in order, from zero, and is then added to `grad`.
+pub(crate) struct LaneWeightGrad<'a> {
+    /// `channels` planes of `plane` floats, rows `row_pitch` apart.
+    pub input: &'a [f32],
+    pub channels: usize,
+    pub plane: usize,
+    pub row_pitch: usize,
+    pub rows: usize,
+    pub width: usize,
+    /// `[rows * width][out_channels]`.
+    pub dy: &'a [f32],
+    pub out_channels: usize,
+}
+
 /// The widest output row [`LaneConv`] takes: one register tile of 2 vectors of output channels
 /// x 14 pixels (28 accumulators of the 32 registers), or 4 x 7.
 pub(crate) const LANE_MAX_WIDTH: usize = 14;
@@ -291,6 +309,67 @@ impl Avx512 {
         // SAFETY: `self` exists only on a CPU with AVX-512F; the asserts above are the bounds
         // `x86::lane_conv` requires.
         unsafe { x86::lane_conv(c, out) }
+    }
+
+    /// [`x86::lane_weight_grad`], with every bound that function needs checked here (a
+    /// violation panics).
+    pub(crate) fn lane_weight_grad(self, g: &LaneWeightGrad<'_>, grad: &mut [f32]) {
+        assert!(
+            g.channels > 0 && g.rows > 0 && g.width > 0 && g.out_channels > 0,
+            "lane_weight_grad: empty shapes"
+        );
+        assert_eq!(
+            g.out_channels % 32,
+            0,
+            "lane_weight_grad: output channels not a multiple of 32"
+        );
+        assert!(
+            g.input.len() >= g.channels * g.plane,
+            "lane_weight_grad: input too short"
+        );
+        // Every read `c * plane + (r + i) * row_pitch + w + j` (r < rows, w < width, i, j < 3)
+        // stays in channel c's plane.
+        assert!(
+            (g.rows + 1) * g.row_pitch + g.width + 2 <= g.plane,
+            "lane_weight_grad: the taps read past a plane"
+        );
+        assert!(
+            g.dy.len() >= g.rows * g.width * g.out_channels,
+            "lane_weight_grad: output gradient too short"
+        );
+        assert_eq!(
+            grad.len(),
+            g.channels * 9 * g.out_channels,
+            "lane_weight_grad: gradient length"
+        );
+        // SAFETY: `self` exists only on a CPU with AVX-512F; the asserts above are the bounds
+        // `x86::lane_weight_grad` requires.
+        unsafe { x86::lane_weight_grad(g, grad) }
+    }
+
+    /// The inverse of [`Self::pixels_to_planes`], from planes `stride` floats apart:
+    /// `pixels[p * channels + c] = planes[c * stride + p]` for `p < pixels.len() / channels`,
+    /// the 16 channels of a pixel per gather.
+    ///
+    /// # Panics
+    /// If `channels` is not a multiple of 16, `pixels.len()` not a multiple of it, `stride`
+    /// shorter than a plane, `planes` too short, or `channels * stride` is `i32::MAX` or more.
+    pub(crate) fn planes_to_pixels(self, planes: &[f32], stride: usize, channels: usize, pixels: &mut [f32]) {
+        assert!(channels > 0 && channels % 16 == 0, "planes_to_pixels: channels");
+        assert_eq!(pixels.len() % channels, 0, "planes_to_pixels: pixels");
+        let n = pixels.len() / channels;
+        assert!(
+            n <= stride && (n == 0 || (channels - 1) * stride + n <= planes.len()),
+            "planes_to_pixels: planes too short"
+        );
+        assert!(
+            channels
+                .checked_mul(stride)
+                .is_some_and(|m| m < i32::MAX as usize),
+            "planes_to_pixels: too long for i32 indices"
+        );
+        // SAFETY: `self` exists only on a CPU with AVX-512F; bounds checked above.
+        unsafe { x86::planes_to_pixels(planes, stride, channels, pixels) }
     }
 
     /// `planes[c * pixels + p] = src[p * channels + c]` for `c < channels`, `p < pixels`:
@@ -694,6 +773,87 @@ mod x86 {
             }
         }
         acc
+    }
+
+    /// [`super::LaneWeightGrad`]'s gradient, per input channel and block of 32 output
+    /// channels: 9 taps x 2 vectors of output channels in 18 accumulators; per output pixel,
+    /// two loads of its output gradient and nine broadcast input pixels (three rows of three)
+    /// feed 18 FMAs.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F and `g` meets the bounds [`super::Avx512::lane_weight_grad`]
+    /// checks.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn lane_weight_grad(g: &super::LaneWeightGrad<'_>, grad: &mut [f32]) {
+        let o_n = g.out_channels;
+        let (inp, dyp) = (g.input.as_ptr(), g.dy.as_ptr());
+        for c in 0..g.channels {
+            let rows: [*const f32; 3] =
+                std::array::from_fn(|i| inp.wrapping_add(c * g.plane + i * g.row_pitch));
+            for ob in (0..o_n).step_by(32) {
+                let mut acc = [[_mm512_setzero_ps(); 2]; 9];
+                for r in 0..g.rows {
+                    for w in 0..g.width {
+                        let d = dyp.wrapping_add((r * g.width + w) * o_n + ob);
+                        let px = r * g.row_pitch + w;
+                        // SAFETY: pixel `r * width + w` < rows * width, channels `ob..ob + 32`
+                        // <= out_channels: inside `dy`; `px + i * row_pitch + j` for i, j < 3
+                        // inside channel c's plane (the caller's bounds).
+                        unsafe {
+                            let dv = [_mm512_loadu_ps(d), _mm512_loadu_ps(d.add(16))];
+                            for (i, row) in rows.iter().enumerate() {
+                                for j in 0..3 {
+                                    let x = _mm512_set1_ps(*row.add(px + j));
+                                    for v in 0..2 {
+                                        acc[i * 3 + j][v] = _mm512_fmadd_ps(dv[v], x, acc[i * 3 + j][v]);
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                for (t, acc) in acc.iter().enumerate() {
+                    let at = &mut grad[(c * 9 + t) * o_n + ob..][..32];
+                    for (v, &a) in acc.iter().enumerate() {
+                        // SAFETY: 16 floats at `16 * v` inside `at` (32 long).
+                        unsafe {
+                            let p = at.as_mut_ptr().add(16 * v);
+                            _mm512_storeu_ps(p, _mm512_add_ps(_mm512_loadu_ps(p), a));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`super::Avx512::planes_to_pixels`].
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F; `channels` is a multiple of 16 and of `pixels.len()`, `planes`
+    /// holds `(channels - 1) * stride + pixels.len() / channels` floats (when that is not 0),
+    /// and `channels * stride` is less than `i32::MAX`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn planes_to_pixels(
+        planes: &[f32],
+        stride: usize,
+        channels: usize,
+        pixels: &mut [f32],
+    ) {
+        let step = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(stride as i32),
+        );
+        for (p, px) in pixels.chunks_exact_mut(channels).enumerate() {
+            for c0 in (0..channels).step_by(16) {
+                // Lane `l` reads `planes[(c0 + l) * stride + p]`: c0 + l < channels, p < n.
+                let at = planes.as_ptr().wrapping_add(c0 * stride + p);
+                // SAFETY: as above; `c0 + 16 <= channels` floats of `px`.
+                unsafe {
+                    let v = _mm512_i32gather_ps::<4>(step, at.cast());
+                    _mm512_storeu_ps(px.as_mut_ptr().add(c0), v);
+                }
+            }
+        }
     }
 
     /// [`super::Avx512::pixels_to_planes`].
