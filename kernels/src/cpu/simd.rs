@@ -197,7 +197,8 @@ impl Avx512 {
     }
 
     /// [`x86::shifted_conv`], with every bound that function needs checked here (a violation
-    /// panics).
+    /// panics). The bounds of this and the direct kernels below are computed saturating: one
+    /// that overflows `usize` fails its check instead of wrapping to a small value that passes.
     pub(crate) fn shifted_conv(self, c: &ShiftedConv<'_>, out: &mut [f32]) {
         let taps = c.shifts.len();
         assert!(
@@ -210,12 +211,12 @@ impl Avx512 {
             "shifted_conv: output channels not a multiple of 4"
         );
         assert!(
-            c.input.len() >= c.channels * c.plane,
+            c.input.len() >= c.channels.saturating_mul(c.plane),
             "shifted_conv: input too short"
         );
         assert_eq!(
             c.packed.len(),
-            c.out_channels * c.channels * taps,
+            c.out_channels.saturating_mul(c.channels).saturating_mul(taps),
             "shifted_conv: packed weights"
         );
         if let Some(b) = c.bias {
@@ -223,11 +224,11 @@ impl Avx512 {
         }
         // Every read `c * plane + shift + j` (j < n) stays in channel c's plane.
         assert!(
-            c.shifts.iter().all(|&sh| sh + c.n <= c.plane),
+            c.shifts.iter().all(|&sh| sh.saturating_add(c.n) <= c.plane),
             "shifted_conv: a shift reads past its plane"
         );
         assert!(
-            out.len() >= (c.out_channels - 1) * c.pitch + c.n,
+            out.len() >= (c.out_channels - 1).saturating_mul(c.pitch).saturating_add(c.n),
             "shifted_conv: output too short"
         );
         // SAFETY: `self` exists only on a CPU with AVX-512F; the asserts above are the bounds
@@ -249,21 +250,24 @@ impl Avx512 {
             "shifted_weight_grad: output channels not a multiple of 4"
         );
         assert!(
-            g.input.len() >= g.channels * g.plane,
+            g.input.len() >= g.channels.saturating_mul(g.plane),
             "shifted_weight_grad: input too short"
         );
         // Every read `c * plane + shift + j` (j < n) stays in channel c's plane.
         assert!(
-            g.shifts.iter().all(|&sh| sh + g.n <= g.plane),
+            g.shifts.iter().all(|&sh| sh.saturating_add(g.n) <= g.plane),
             "shifted_weight_grad: a shift reads past its plane"
         );
         assert!(
-            g.dy.len() >= (g.out_channels - 1) * g.dy_pitch + g.n,
+            g.dy.len()
+                >= (g.out_channels - 1)
+                    .saturating_mul(g.dy_pitch)
+                    .saturating_add(g.n),
             "shifted_weight_grad: output gradient too short"
         );
         assert_eq!(
             grad.len(),
-            g.channels * taps * g.out_channels,
+            g.channels.saturating_mul(taps).saturating_mul(g.out_channels),
             "shifted_weight_grad: gradient length"
         );
         // SAFETY: `self` exists only on a CPU with AVX-512F; the asserts above are the bounds
@@ -284,12 +288,12 @@ impl Avx512 {
             "lane_conv: a row wider than 14 pixels or output channels not a multiple of 32"
         );
         assert!(
-            c.input.len() >= c.channels * c.plane,
+            c.input.len() >= c.channels.saturating_mul(c.plane),
             "lane_conv: input too short"
         );
         assert_eq!(
             c.packed.len(),
-            c.out_channels * c.channels * taps,
+            c.out_channels.saturating_mul(c.channels).saturating_mul(taps),
             "lane_conv: packed weights"
         );
         if let Some(b) = c.bias {
@@ -297,13 +301,13 @@ impl Avx512 {
         }
         // Every read `c * plane + shift + r * row_pitch + w` (r < rows, w < width) stays in
         // channel c's plane.
-        let span = (c.rows - 1) * c.row_pitch + c.width;
+        let span = (c.rows - 1).saturating_mul(c.row_pitch).saturating_add(c.width);
         assert!(
-            c.shifts.iter().all(|&sh| sh + span <= c.plane),
+            c.shifts.iter().all(|&sh| sh.saturating_add(span) <= c.plane),
             "lane_conv: a shift reads past its plane"
         );
         assert!(
-            out.len() >= c.rows * c.width * c.out_channels,
+            out.len() >= c.rows.saturating_mul(c.width).saturating_mul(c.out_channels),
             "lane_conv: output too short"
         );
         // SAFETY: `self` exists only on a CPU with AVX-512F; the asserts above are the bounds
@@ -324,22 +328,27 @@ impl Avx512 {
             "lane_weight_grad: output channels not a multiple of 32"
         );
         assert!(
-            g.input.len() >= g.channels * g.plane,
+            g.input.len() >= g.channels.saturating_mul(g.plane),
             "lane_weight_grad: input too short"
         );
         // Every read `c * plane + (r + i) * row_pitch + w + j` (r < rows, w < width, i, j < 3)
         // stays in channel c's plane.
         assert!(
-            (g.rows + 1) * g.row_pitch + g.width + 2 <= g.plane,
+            g.rows
+                .saturating_add(1)
+                .saturating_mul(g.row_pitch)
+                .saturating_add(g.width)
+                .saturating_add(2)
+                <= g.plane,
             "lane_weight_grad: the taps read past a plane"
         );
         assert!(
-            g.dy.len() >= g.rows * g.width * g.out_channels,
+            g.dy.len() >= g.rows.saturating_mul(g.width).saturating_mul(g.out_channels),
             "lane_weight_grad: output gradient too short"
         );
         assert_eq!(
             grad.len(),
-            g.channels * 9 * g.out_channels,
+            g.channels.saturating_mul(9).saturating_mul(g.out_channels),
             "lane_weight_grad: gradient length"
         );
         // SAFETY: `self` exists only on a CPU with AVX-512F; the asserts above are the bounds
@@ -359,7 +368,8 @@ impl Avx512 {
         assert_eq!(pixels.len() % channels, 0, "planes_to_pixels: pixels");
         let n = pixels.len() / channels;
         assert!(
-            n <= stride && (n == 0 || (channels - 1) * stride + n <= planes.len()),
+            n <= stride
+                && (n == 0 || (channels - 1).saturating_mul(stride).saturating_add(n) <= planes.len()),
             "planes_to_pixels: planes too short"
         );
         assert!(
@@ -425,6 +435,89 @@ impl Avx512 {
         // SAFETY: as in `copy_row`; the function checks its slices' lengths itself.
         unsafe { x86::pool_2x2_row(top, bottom, base, in_w, out, argmax) }
     }
+}
+
+/// The direct kernels' safe wrappers refuse shapes whose bounds overflow `usize` (products
+/// that would wrap to a small value and pass a length check, then let the kernel read far past
+/// its slices).
+#[cfg(all(test, target_arch = "x86_64"))]
+#[test]
+fn direct_kernels_refuse_shapes_whose_bounds_overflow() {
+    let Some(cpu) = Avx512::detect() else {
+        eprintln!("skipped: this CPU has no AVX-512F (or EMBER_SIMD=portable)");
+        return;
+    };
+    let refused = |what: &str, run: &dyn Fn()| {
+        let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run))
+            .expect_err("an overflowing shape must panic");
+        let msg = err
+            .downcast_ref::<&str>()
+            .map(|m| m.to_string())
+            .or_else(|| err.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        assert!(msg.contains(what), "expected {what:?}, got {msg:?}");
+    };
+    let input = [0.0f32; 64];
+    let huge = usize::MAX / 2 + 1; // 2 * huge wraps to 0
+    let shifts = [0usize];
+    let packed = [0.0f32; 32];
+    refused("lane_conv: input too short", &|| {
+        let conv = LaneConv {
+            input: &input,
+            channels: 2,
+            plane: huge,
+            shifts: &shifts,
+            row_pitch: 1,
+            rows: 1,
+            width: 1,
+            packed: &packed,
+            bias: None,
+            out_channels: 32,
+            block_channels: 1,
+        };
+        cpu.lane_conv(&conv, &mut [0.0; 32]);
+    });
+    let dy = [0.0f32; 32];
+    refused("lane_weight_grad: input too short", &|| {
+        let grad = LaneWeightGrad {
+            input: &input,
+            channels: 2,
+            plane: huge,
+            row_pitch: 1,
+            rows: 1,
+            width: 1,
+            dy: &dy,
+            out_channels: 32,
+        };
+        cpu.lane_weight_grad(&grad, &mut [0.0; 2 * 9 * 32]);
+    });
+    refused("lane_weight_grad: the taps read past a plane", &|| {
+        let grad = LaneWeightGrad {
+            input: &input,
+            channels: 1,
+            plane: 64,
+            row_pitch: huge,
+            rows: 1,
+            width: 1,
+            dy: &dy,
+            out_channels: 32,
+        };
+        cpu.lane_weight_grad(&grad, &mut [0.0; 9 * 32]);
+    });
+    refused("shifted_conv: input too short", &|| {
+        let conv = ShiftedConv {
+            input: &input,
+            channels: 2,
+            plane: huge,
+            shifts: &shifts,
+            packed: &packed[..8],
+            bias: None,
+            out_channels: 4,
+            n: 1,
+            pitch: 1,
+        };
+        cpu.shifted_conv(&conv, &mut [0.0; 4]);
+    });
 }
 
 #[cfg(test)]
