@@ -584,14 +584,23 @@ fn turned_forward_pays(t: &ConvShape) -> bool {
 /// padding). It reads the padded image in place, as [`direct`] does: no unfolded copy.
 #[cfg(target_arch = "x86_64")]
 fn lane_direct(s: &ConvShape) -> Option<super::simd::Avx512> {
-    let applies = s.stride == [1, 1]
+    let applies = lane_rows(s)
         && s.kernel != [1, 1]
-        && s.out_channels % 32 == 0
-        && (DIRECT_MIN_CHANNELS..=LANE_MAX_IN).contains(&s.in_channels)
-        && s.in_channels <= s.out_channels
-        && (LANE_MIN_WIDTH..=super::simd::LANE_MAX_WIDTH).contains(&s.out_w())
-        && s.is_valid();
+        && s.in_channels >= DIRECT_MIN_CHANNELS
+        && s.in_channels <= s.out_channels;
     applies.then(super::simd::Avx512::detect).flatten()
+}
+
+/// What both lane kernels need and where both measured faster: stride 1, a multiple of 32
+/// output channels, at most [`LANE_MAX_IN`] input channels and rows of [`LANE_MIN_WIDTH`] to
+/// [`super::simd::LANE_MAX_WIDTH`] pixels.
+#[cfg(target_arch = "x86_64")]
+fn lane_rows(s: &ConvShape) -> bool {
+    s.stride == [1, 1]
+        && s.out_channels % 32 == 0
+        && s.in_channels <= LANE_MAX_IN
+        && (LANE_MIN_WIDTH..=super::simd::LANE_MAX_WIDTH).contains(&s.out_w())
+        && s.is_valid()
 }
 
 #[cfg(not(target_arch = "x86_64"))]
@@ -627,27 +636,11 @@ const LANE_MAX_IN: usize = 64;
 const LANE_MIN_WIDTH: usize = 7;
 
 /// The weight gradient with the output channels in the vector lanes
-/// ([`super::simd::Avx512::lane_weight_grad`]) for `s`, when it applies: an AVX-512F CPU, a
-/// 3x3 kernel at stride 1, a multiple of 32 output channels and rows of at most
-/// [`super::simd::LANE_MAX_WIDTH`] pixels. Like [`direct_weight_grad`], it reads the padded
-/// image in place instead of unfolding it.
-#[cfg(target_arch = "x86_64")]
-fn lane_weight_grad(s: &ConvShape) -> Option<super::simd::Avx512> {
-    let applies = s.stride == [1, 1]
-        && s.kernel == [3, 3]
-        && s.out_channels % 32 == 0
-        && s.in_channels <= LANE_MAX_IN
-        && (LANE_MIN_WIDTH..=super::simd::LANE_MAX_WIDTH).contains(&s.out_w())
-        && s.is_valid();
-    applies.then(super::simd::Avx512::detect).flatten()
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn lane_weight_grad(_: &ConvShape) -> Option<std::convert::Infallible> {
-    None
-}
-
-/// Where the lane weight gradient beats im2col + GEMM: `benches/kernels.rs`
+/// ([`super::simd::Avx512::lane_weight_grad`]) for `s`, when it applies: an AVX-512F CPU and
+/// a 3x3 kernel on the shapes [`lane_rows`] takes. Like [`direct_weight_grad`], it reads the
+/// padded image in place instead of unfolding it.
+///
+/// Where it beats im2col + GEMM: `benches/kernels.rs`
 /// `conv2d_bwd_weight`, one thread, batch 64, Intel Xeon with AVX-512, fastest ms, the same
 /// binary with the kernel off and on, two runs each:
 ///
@@ -661,6 +654,17 @@ fn lane_weight_grad(_: &ConvShape) -> Option<std::convert::Infallible> {
 /// | 512x4x4 -> 512 (ResNet-18 stage 4, not taken) | 50.2 / 53.3 | 71.2 / 68.3 |
 ///
 /// So it takes the rows [`lane_direct`] takes, up to [`LANE_MAX_IN`] input channels.
+#[cfg(target_arch = "x86_64")]
+fn lane_weight_grad(s: &ConvShape) -> Option<super::simd::Avx512> {
+    (lane_rows(s) && s.kernel == [3, 3])
+        .then(super::simd::Avx512::detect)
+        .flatten()
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn lane_weight_grad(_: &ConvShape) -> Option<std::convert::Infallible> {
+    None
+}
 
 /// One image's share of the weight gradient by the lane kernel: `gw_t[(c * 9 + t) * o + oc]
 /// += sum dy[oc] * x[c] shifted by tap t`, `dy` being the image's output gradient maps
