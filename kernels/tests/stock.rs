@@ -477,6 +477,29 @@ fn conv_with_images_side_by_side_matches_burn() {
     }
 }
 
+/// Weight gradients over 1 MiB (262,144 weights), where conv.rs unfolds each group's images
+/// together a block of input channels at a time (`unfolds_in_channel_blocks`): several blocks
+/// with a shorter last one (130 input channels), one block, groups of one and of several images
+/// with a shorter last group, the input gradient in the same blocks (stride 2 and replicate
+/// padding, where it is not taken by the turned forward) and by the turned forward beside
+/// them, with and without the fused ReLU and the bias.
+#[test]
+fn conv_unfolded_in_channel_blocks_matches_burn() {
+    for (batch, in_channels, out_channels, h, w, stride, replicate, relu) in [
+        (20, 130, 256, 5, 6, 1, true, true),
+        (3, 130, 256, 5, 6, 2, false, false),
+        (2, 256, 128, 4, 4, 1, false, true),
+        (17, 512, 64, 3, 3, 2, false, false),
+    ] {
+        let case = ConvCase::new(batch, [in_channels, out_channels], [h, w], [3, 3])
+            .stride([stride, stride])
+            .padded([1, 1], replicate)
+            .bias(!relu)
+            .relu(relu);
+        check_conv(&case, (batch * h + w + in_channels) as u64);
+    }
+}
+
 /// Stride-1 convolutions with at most 32 output channels and output rows 24 pixels wide or
 /// more, where conv.rs takes the weight gradient by the direct kernel (`direct_weight_grad`, on
 /// AVX-512 CPUs; im2col + GEMM elsewhere): pixel runs ending in a partial vector and in a whole

@@ -1233,6 +1233,143 @@ fn images_per_gemm(s: &ConvShape) -> usize {
         .min(s.batch)
 }
 
+/// Whether the backward unfolds each group's images all together, a block of input channels at
+/// a time ([`in_channel_blocks`]), instead of whole images in chunks of [`images_per_gemm`]:
+/// where the weight gradient passes [`WEIGHT_BLOCK_BYTES`]. There each chunk's GEMM read and
+/// wrote all of it back for a sum over a few images' pixels (ResNet-18's 512x4x4 layer: 9.4 MB
+/// for 48 pixels), while a block's rows of it stay in cache over the group's pixels.
+/// `benches/kernels.rs`, batch 64, Intel Xeon with AVX-512, fastest ms, the same binary with
+/// the blocks off and on, two runs each:
+///
+/// | layer | pass, threads | whole images | channel blocks |
+/// |---|---|---|---|
+/// | 256x8x8 -> 256 (ResNet-18 stage 3) | weight gradient, 1 | 41.4 / 39.3 | 36.6 / 38.7 |
+/// | | both gradients, 2 | 24.0 / 24.4 | 23.5 / 21.9 |
+/// | 512x4x4 -> 512 (stage 4) | weight gradient, 1 | 52.0 / 47.9 | 45.7 / 44.9 |
+/// | | both gradients, 2 | 35.8 / 33.4 | 32.1 / 28.8 |
+///
+/// A whole ResNet-18 step (batch 128, 2 threads) stayed within its run-to-run spread (1950-2020
+/// ms either way, three alternating runs each).
+fn unfolds_in_channel_blocks(s: &ConvShape) -> bool {
+    s.weight_len() * std::mem::size_of::<f32>() > WEIGHT_BLOCK_BYTES
+}
+
+/// The largest weight gradient unfolded by whole images, and the most of it one channel block
+/// of [`in_channel_blocks`] writes.
+const WEIGHT_BLOCK_BYTES: usize = 1 << 20;
+
+/// The most bytes of unfolded rows per channel block of [`in_channel_blocks`] (blocks of 256
+/// KiB and 1 MiB, with weight blocks of half and twice the size, measured alike or slower).
+const COL_BLOCK_BYTES: usize = 1 << 19;
+
+/// Input channels per block of [`in_channel_blocks`] over `wide` columns: within
+/// [`COL_BLOCK_BYTES`] of unfolded rows and [`WEIGHT_BLOCK_BYTES`] of the weight gradient.
+fn block_channels(s: &ConvShape, wide: usize) -> usize {
+    let row_bytes = s.kernel[0] * s.kernel[1] * std::mem::size_of::<f32>();
+    let by_col = COL_BLOCK_BYTES / (row_bytes * wide).max(1);
+    let by_out = WEIGHT_BLOCK_BYTES / (row_bytes * s.out_channels).max(1);
+    by_col.min(by_out).clamp(1, s.in_channels.max(1))
+}
+
+/// The weight gradient (`gw_t`, `[patch, o]`) and the input gradient (`dx`), both overwritten,
+/// of the images `x` from their output gradients side by side, `dyw`, `[o, images * pixels]`,
+/// a block of input channels at a time ([`unfolds_in_channel_blocks`]): each block's unfolded
+/// rows, then one GEMM over all the images' pixels into the block's rows of `gw_t`; and one
+/// from the weights' rows for the block into its channels of `dx`.
+fn in_channel_blocks(
+    s: &ConvShape,
+    x: &[f32],
+    weight: &[f32],
+    dyw: &[f32],
+    mut gw_t: Option<&mut [f32]>,
+    mut dx: Option<&mut [f32]>,
+) {
+    let (patch, pixels, o) = (s.patch(), s.pixels(), s.out_channels);
+    let (taps, plane) = (s.kernel[0] * s.kernel[1], s.in_h * s.in_w);
+    let wide = x.len() / s.in_image() * pixels;
+    for (c0, cn) in blocks(s.in_channels, block_channels(s, wide)) {
+        let sub = ConvShape {
+            in_channels: cn,
+            ..*s
+        };
+        let (r0, rows) = (c0 * taps, cn * taps);
+        if let Some(gw_t) = gw_t.as_deref_mut() {
+            with_scratch(0, rows * wide, |col| {
+                for (j, x_n) in x.chunks_exact(s.in_image()).enumerate() {
+                    im2col_pitched(
+                        &sub,
+                        &x_n[c0 * plane..][..cn * plane],
+                        &mut col[j * pixels..],
+                        wide,
+                    );
+                }
+                let gw_rows = &mut gw_t[r0 * o..][..rows * o];
+                weight_grad_gemm(dyw, col, [o, rows, wide], gw_rows, false)
+            });
+        }
+        if let Some(dx) = dx.as_deref_mut() {
+            with_scratch(1, rows * wide, |dcol| {
+                input_grad_gemm(&weight[r0..], patch, dyw, [o, rows, wide], dcol);
+                for (j, dx_n) in dx.chunks_exact_mut(s.in_image()).enumerate() {
+                    col2im_pitched(
+                        &sub,
+                        &dcol[j * pixels..],
+                        &mut dx_n[c0 * plane..][..cn * plane],
+                        wide,
+                    );
+                }
+            });
+        }
+    }
+}
+
+/// `gw_t[rows, o]` (+)= `col[rows, wide] . dyw[o, wide]^T`, computed as the column-major
+/// product `dyw . col^T`: the GEMM then reads `col` where it lies (six sequential streams)
+/// instead of packing a transposed copy of it, and packs only the small `dyw`.
+fn weight_grad_gemm(
+    dyw: &[f32],
+    col: &[f32],
+    [o, rows, wide]: [usize; 3],
+    gw_t: &mut [f32],
+    accumulate: bool,
+) {
+    gemm(Gemm {
+        m: o,
+        n: rows,
+        k: wide,
+        dst: gw_t,
+        dst_rs: 1,
+        dst_cs: o,
+        accumulate,
+        lhs: dyw,
+        lhs_rs: wide,
+        lhs_cs: 1,
+        rhs: col,
+        rhs_rs: 1,
+        rhs_cs: wide,
+    })
+}
+
+/// `dcol[rows, wide]` = `weight[o, rows]^T . dyw[o, wide]`, the weight's rows `patch` floats
+/// apart.
+fn input_grad_gemm(weight: &[f32], patch: usize, dyw: &[f32], [o, rows, wide]: [usize; 3], dcol: &mut [f32]) {
+    gemm(Gemm {
+        m: rows,
+        n: wide,
+        k: o,
+        dst: dcol,
+        dst_rs: wide,
+        dst_cs: 1,
+        accumulate: false,
+        lhs: weight,
+        lhs_rs: 1,
+        lhs_cs: patch,
+        rhs: dyw,
+        rhs_rs: wide,
+        rhs_cs: 1,
+    })
+}
+
 /// Images per group in the weight and bias gradients: a function of the shapes only, never of
 /// the thread count. Up to 16 groups, fewer when the per-group partial sums would pass 64 MiB.
 fn images_per_group(s: &ConvShape) -> usize {
@@ -1372,8 +1509,18 @@ pub fn conv2d_backward_from<'o>(
         .map(|cpu| (cpu, tap_shifts(s)));
     let lane_dw = lane_weight_grad(s).filter(|_| want_w);
     let per = images_per_group(s);
+    // Large weight gradients: each group's images in one chunk, unfolded a block of input
+    // channels at a time.
+    let blocked = direct_dx.is_none()
+        && direct_dw.is_none()
+        && lane_dw.is_none()
+        && !s.is_pointwise()
+        && (want_w || dx.is_some())
+        && unfolds_in_channel_blocks(s);
     let together = if direct_dx.is_some() {
         1
+    } else if blocked {
+        per
     } else {
         images_per_gemm(s)
     };
@@ -1427,27 +1574,17 @@ pub fn conv2d_backward_from<'o>(
                             *b += lane_sum(row, |v| v);
                         }
                     }
+                    if blocked {
+                        let dx_c = dx
+                            .as_deref_mut()
+                            .map(|dx| &mut dx[c0 * s.in_image()..][..cn * s.in_image()]);
+                        // One chunk per group (`together`): its sums are the group's.
+                        let gw = want_w.then_some(&mut gw[..]);
+                        return in_channel_blocks(s, x_c, weight, dyw, gw, dx_c);
+                    }
                     if want_w {
-                        // gw^T[patch, o] += col[patch, wide] . dyw^T[wide, o], computed as the
-                        // column-major product dyw . col^T: the GEMM then reads `col` where it
-                        // lies (six sequential streams) instead of packing a transposed copy of
-                        // it, and packs only the small dyw.
                         let weight_grad = |col: &[f32], gw_t: &mut [f32]| {
-                            gemm(Gemm {
-                                m: o,
-                                n: patch,
-                                k: wide,
-                                dst: gw_t,
-                                dst_rs: 1,
-                                dst_cs: o,
-                                accumulate: c0 > 0,
-                                lhs: dyw,
-                                lhs_rs: wide,
-                                lhs_cs: 1,
-                                rhs: col,
-                                rhs_rs: 1,
-                                rhs_cs: wide,
-                            })
+                            weight_grad_gemm(dyw, col, [o, patch, wide], gw_t, c0 > 0)
                         };
                         if s.is_pointwise() {
                             // One image per chunk (`images_per_gemm`): its input is `col`.
@@ -1471,24 +1608,8 @@ pub fn conv2d_backward_from<'o>(
                     }
                     if let Some(dx) = dx.as_deref_mut() {
                         let dx_c = &mut dx[c0 * s.in_image()..][..cn * s.in_image()];
-                        // dcol[patch, wide] = weight[o, patch]^T . dyw[o, wide]
-                        let input_grad = |dcol: &mut [f32]| {
-                            gemm(Gemm {
-                                m: patch,
-                                n: wide,
-                                k: o,
-                                dst: dcol,
-                                dst_rs: wide,
-                                dst_cs: 1,
-                                accumulate: false,
-                                lhs: weight,
-                                lhs_rs: 1,
-                                lhs_cs: patch,
-                                rhs: dyw,
-                                rhs_rs: wide,
-                                rhs_cs: 1,
-                            })
-                        };
+                        let input_grad =
+                            |dcol: &mut [f32]| input_grad_gemm(weight, patch, dyw, [o, patch, wide], dcol);
                         if s.is_pointwise() {
                             input_grad(dx_c);
                         } else if let Some((cpu, packed, shifts, t)) = &direct_dx {
