@@ -1234,7 +1234,7 @@ fn images_per_gemm(s: &ConvShape) -> usize {
 }
 
 /// Whether the backward unfolds each group's images all together, a block of input channels at
-/// a time ([`in_channel_blocks`]), instead of whole images in chunks of [`images_per_gemm`]:
+/// a time ([`unfolded_grads`]), instead of whole images in chunks of [`images_per_gemm`]:
 /// where the weight gradient passes [`WEIGHT_BLOCK_BYTES`]. There each chunk's GEMM read and
 /// wrote all of it back for a sum over a few images' pixels (ResNet-18's 512x4x4 layer: 9.4 MB
 /// for 48 pixels), while a block's rows of it stay in cache over the group's pixels.
@@ -1255,33 +1255,38 @@ fn unfolds_in_channel_blocks(s: &ConvShape) -> bool {
 }
 
 /// The largest weight gradient unfolded by whole images, and the most of it one channel block
-/// of [`in_channel_blocks`] writes.
+/// of [`unfolded_grads`] writes.
 const WEIGHT_BLOCK_BYTES: usize = 1 << 20;
 
-/// The most bytes of unfolded rows per channel block of [`in_channel_blocks`] (blocks of 256
+/// The most bytes of unfolded rows per channel block of [`unfolded_grads`] (blocks of 256
 /// KiB and 1 MiB, with weight blocks of half and twice the size, measured alike or slower).
 const COL_BLOCK_BYTES: usize = 1 << 19;
 
-/// Input channels per block of [`in_channel_blocks`] over `wide` columns: within
-/// [`COL_BLOCK_BYTES`] of unfolded rows and [`WEIGHT_BLOCK_BYTES`] of the weight gradient.
+/// Input channels per block of [`unfolded_grads`] over `wide` columns: all of them where
+/// [`unfolds_in_channel_blocks`] does not hold, else within [`COL_BLOCK_BYTES`] of unfolded
+/// rows and [`WEIGHT_BLOCK_BYTES`] of the weight gradient.
 fn block_channels(s: &ConvShape, wide: usize) -> usize {
+    if !unfolds_in_channel_blocks(s) {
+        return s.in_channels;
+    }
     let row_bytes = s.kernel[0] * s.kernel[1] * std::mem::size_of::<f32>();
     let by_col = COL_BLOCK_BYTES / (row_bytes * wide).max(1);
     let by_out = WEIGHT_BLOCK_BYTES / (row_bytes * s.out_channels).max(1);
     by_col.min(by_out).clamp(1, s.in_channels.max(1))
 }
 
-/// The weight gradient (`gw_t`, `[patch, o]`) and the input gradient (`dx`), both overwritten,
-/// of the images `x` from their output gradients side by side, `dyw`, `[o, images * pixels]`,
-/// a block of input channels at a time ([`unfolds_in_channel_blocks`]): each block's unfolded
-/// rows, then one GEMM over all the images' pixels into the block's rows of `gw_t`; and one
-/// from the weights' rows for the block into its channels of `dx`.
-fn in_channel_blocks(
+/// By im2col: the weight gradient (`gw_t`, `[patch, o]`, added onto when its flag is set, else
+/// overwritten) and the input gradient (`dx`, overwritten) of the images `x` from their output
+/// gradients side by side, `dyw`, `[o, images * pixels]`. In blocks of input channels
+/// ([`block_channels`]: all of them unless [`unfolds_in_channel_blocks`]): each block's
+/// unfolded rows, then one GEMM over all the images' pixels into the block's rows of `gw_t`;
+/// and one from the weights' rows for the block into its channels of `dx`.
+fn unfolded_grads(
     s: &ConvShape,
     x: &[f32],
     weight: &[f32],
     dyw: &[f32],
-    mut gw_t: Option<&mut [f32]>,
+    mut gw_t: Option<(&mut [f32], bool)>,
     mut dx: Option<&mut [f32]>,
 ) {
     let (patch, pixels, o) = (s.patch(), s.pixels(), s.out_channels);
@@ -1293,7 +1298,7 @@ fn in_channel_blocks(
             ..*s
         };
         let (r0, rows) = (c0 * taps, cn * taps);
-        if let Some(gw_t) = gw_t.as_deref_mut() {
+        if let Some((gw_t, accumulate)) = gw_t.as_mut() {
             with_scratch(0, rows * wide, |col| {
                 for (j, x_n) in x.chunks_exact(s.in_image()).enumerate() {
                     im2col_pitched(
@@ -1304,7 +1309,7 @@ fn in_channel_blocks(
                     );
                 }
                 let gw_rows = &mut gw_t[r0 * o..][..rows * o];
-                weight_grad_gemm(dyw, col, [o, rows, wide], gw_rows, false)
+                weight_grad_gemm(dyw, col, [o, rows, wide], gw_rows, *accumulate)
             });
         }
         if let Some(dx) = dx.as_deref_mut() {
@@ -1509,8 +1514,8 @@ pub fn conv2d_backward_from<'o>(
         .map(|cpu| (cpu, tap_shifts(s)));
     let lane_dw = lane_weight_grad(s).filter(|_| want_w);
     let per = images_per_group(s);
-    // Large weight gradients: each group's images in one chunk, unfolded a block of input
-    // channels at a time.
+    // Large weight gradients: each group's images in one chunk (its sums are the group's),
+    // unfolded a block of input channels at a time (`unfolded_grads`).
     let blocked = direct_dx.is_none()
         && direct_dw.is_none()
         && lane_dw.is_none()
@@ -1574,21 +1579,10 @@ pub fn conv2d_backward_from<'o>(
                             *b += lane_sum(row, |v| v);
                         }
                     }
-                    if blocked {
-                        let dx_c = dx
-                            .as_deref_mut()
-                            .map(|dx| &mut dx[c0 * s.in_image()..][..cn * s.in_image()]);
-                        // One chunk per group (`together`): its sums are the group's.
-                        let gw = want_w.then_some(&mut gw[..]);
-                        return in_channel_blocks(s, x_c, weight, dyw, gw, dx_c);
-                    }
                     if want_w {
-                        let weight_grad = |col: &[f32], gw_t: &mut [f32]| {
-                            weight_grad_gemm(dyw, col, [o, patch, wide], gw_t, c0 > 0)
-                        };
                         if s.is_pointwise() {
                             // One image per chunk (`images_per_gemm`): its input is `col`.
-                            weight_grad(x_c, &mut gw);
+                            weight_grad_gemm(dyw, x_c, [o, patch, wide], &mut gw, c0 > 0);
                         } else if let Some((cpu, shifts)) = &direct_dw {
                             for (j, x_n) in x_c.chunks_exact(s.in_image()).enumerate() {
                                 direct_weight_image(*cpu, s, shifts, x_n, &dyw[j * pixels..], wide, &mut gw);
@@ -1598,30 +1592,19 @@ pub fn conv2d_backward_from<'o>(
                                 lane_weight_image(cpu, s, x_n, &dyw[j * pixels..], wide, &mut gw);
                             }
                         } else {
-                            with_scratch(0, patch * wide, |col| {
-                                for (j, x_n) in x_c.chunks_exact(s.in_image()).enumerate() {
-                                    im2col_pitched(s, x_n, &mut col[j * pixels..], wide);
-                                }
-                                weight_grad(col, &mut gw);
-                            });
+                            unfolded_grads(s, x_c, weight, dyw, Some((&mut gw, c0 > 0)), None);
                         }
                     }
                     if let Some(dx) = dx.as_deref_mut() {
                         let dx_c = &mut dx[c0 * s.in_image()..][..cn * s.in_image()];
-                        let input_grad =
-                            |dcol: &mut [f32]| input_grad_gemm(weight, patch, dyw, [o, patch, wide], dcol);
                         if s.is_pointwise() {
-                            input_grad(dx_c);
+                            // The input gradient is its own unfolded matrix.
+                            input_grad_gemm(weight, patch, dyw, [o, patch, wide], dx_c);
                         } else if let Some((cpu, packed, shifts, t)) = &direct_dx {
                             // One image per chunk (`together` is 1 with the direct kernel).
                             direct_image(*cpu, t, shifts, dyw, packed, None, dx_c);
                         } else {
-                            with_scratch(1, patch * wide, |dcol| {
-                                input_grad(dcol);
-                                for (j, dx_n) in dx_c.chunks_exact_mut(s.in_image()).enumerate() {
-                                    col2im_pitched(s, &dcol[j * pixels..], dx_n, wide);
-                                }
-                            });
+                            unfolded_grads(s, x_c, weight, dyw, None, Some(dx_c));
                         }
                     }
                 })
