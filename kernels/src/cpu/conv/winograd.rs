@@ -17,19 +17,19 @@
 //! input's and kernel's own scale, so the error stays within a small multiple of the direct
 //! sum's (checked against f64 in the tests).
 //!
-//! F(4x4, 3x3) (6x6 tiles, 36 GEMMs per 16 outputs: 4x fewer multiply-adds than the direct sum)
-//! was built and measured (divan `conv2d_fwd`, batch 64, one thread, Intel Xeon with AVX-512):
-//! 64x32x32 36.6 -> 31.6 ms, 128x16x16 31.4 -> 22.9, 256x8x8 30.7 -> 21.6, with its transforms
-//! over all of a call's tiles at once and its kernel transform in parallel; a ResNet-18 step
-//! 4-8% faster. But its transforms scale values by up to 8 and 1/24, and its rounding error put
-//! ResNet-18's `grad.conv1.weight` 2.6e-3 from the float64 reference, 15 times float32
-//! PyTorch's own error, which `tests/parity.rs` rejects; F(4x4, 3x3) forward with F(2x2, 3x3)
-//! for the input gradient did the same (2.6e-3), and so did F(3x3, 3x3) forward (points 0, ±1,
-//! 2: 6.9e-3). Against the direct sum in f64 (the test below), the worst error in units of the
-//! terms' magnitudes was 1.3e-7 for F(2x2, 3x3), 5.7e-7 for F(3x3, 3x3) and 1.3e-6 for
-//! F(4x4, 3x3): the first layer's weight gradient, a sum that cancels heavily, magnifies
-//! them a thousandfold. So F(2x2, 3x3) stays; a larger tile would need transforms that keep
-//! its error near F(2x2, 3x3)'s, and would have to pass that test first.
+//! F(4x4, 3x3) (6x6 tiles, 36 GEMMs per 16 outputs: 4x fewer multiply-adds than the direct sum) was
+//! built and measured (divan `conv2d_fwd`, batch 64, one thread, Intel Xeon with AVX-512): 64x32x32
+//! 36.6 -> 31.6 ms, 128x16x16 31.4 -> 22.9, 256x8x8 30.7 -> 21.6, with its transforms over all of a
+//! call's tiles at once and its kernel transform in parallel; a ResNet-18 step about 4-8% faster
+//! (five alternating pairs on a VM that drifted 15-20%). But its transforms scale values by up to 8
+//! and 1/24, and its rounding error put ResNet-18's `grad.conv1.weight` 2.6e-3 from the float64
+//! reference, 15 times float32 PyTorch's own error, which `tests/parity.rs` rejects; F(4x4, 3x3)
+//! forward with F(2x2, 3x3) for the input gradient did the same (2.6e-3), and so did F(3x3, 3x3)
+//! forward (points 0, ±1, 2: 6.9e-3). Against the direct sum in f64 (the test below), the worst
+//! error in units of the terms' magnitudes was 1.3e-7 for F(2x2, 3x3), 5.7e-7 for F(3x3, 3x3) and
+//! 1.3e-6 for F(4x4, 3x3): the first layer's weight gradient, a sum that cancels heavily, magnifies
+//! them by three to four orders of magnitude. So F(2x2, 3x3) stays; a larger tile would need
+//! transforms that keep its error near F(2x2, 3x3)'s, and would have to pass that test first.
 
 use crate::cpu::relu_in_place;
 use crate::cpu::scratch::with_scratch;
