@@ -383,6 +383,12 @@ fn unpad_rows<R: Rows>(ops: R, s: &ConvShape, padded: &[f32], dx: &mut [f32]) {
     }
 }
 
+/// The vector instruction set of the direct kernels: AVX-512F where they exist, none elsewhere.
+#[cfg(target_arch = "x86_64")]
+type Simd = super::simd::Avx512;
+#[cfg(not(target_arch = "x86_64"))]
+type Simd = std::convert::Infallible;
+
 /// The direct convolution ([`super::simd::Avx512::shifted_conv`]) for `s`, when it applies:
 /// an AVX-512F CPU, stride 1, a kernel larger than 1x1 (1x1 is a plain GEMM already) and a
 /// multiple of 4 output channels. Instead of unfolding each image (`kh * kw` copies of it, then
@@ -996,7 +1002,6 @@ fn forward(
     if let Some(bias) = bias {
         assert_eq!(bias.len(), s.out_channels, "conv2d: bias length");
     }
-    let (patch, pixels) = (s.patch(), s.pixels());
     let taps = s.kernel[0] * s.kernel[1];
     let tap = |o: usize, c: usize, t: usize| weight[(o * s.in_channels + c) * taps + t];
     if winograd::applies(s, winograd::Pass::Forward) {
@@ -1016,18 +1021,58 @@ fn forward(
                 moments_of(s, out, moments);
             });
     }
-    let direct = direct(s).map(|cpu| {
-        let packed = pack_weights(s, tap);
-        (cpu, packed, tap_shifts(s))
-    });
-    let lanes = lane_direct(s).map(|cpu| (cpu, pack_lanes(s, tap), tap_shifts(s)));
+    forward_packed(s, x, weight, &Packed::new(s, weight), bias, relu, out, moments)
+}
+
+/// A convolution's weights as one of the direct kernels reads them, with its tap shifts:
+/// packed once per call, however many chunks of images it then runs (the input gradient's
+/// turned forward runs one per few images). `None` for im2col + GEMM, which reads the weights
+/// as they are.
+struct Packed {
+    /// [`direct`]'s pixel-lane kernel, `[out / 4][in][taps][4]` ([`pack_weights`]).
+    direct: Option<(Simd, Vec<f32>, Vec<usize>)>,
+    /// [`lane_direct`]'s output-channel-lane kernel ([`pack_lanes`]).
+    lanes: Option<(Simd, Vec<f32>, Vec<usize>)>,
+}
+
+impl Packed {
+    fn new(s: &ConvShape, weight: &[f32]) -> Packed {
+        let taps = s.kernel[0] * s.kernel[1];
+        let tap = |o: usize, c: usize, t: usize| weight[(o * s.in_channels + c) * taps + t];
+        let direct = direct(s).map(|cpu| (cpu, pack_weights(s, tap), tap_shifts(s)));
+        let lanes = match direct {
+            Some(_) => None,
+            None => lane_direct(s).map(|cpu| (cpu, pack_lanes(s, tap), tap_shifts(s))),
+        };
+        Packed { direct, lanes }
+    }
+}
+
+/// [`forward`] past Winograd (which does not take `s`), with the weights packed for `s` (or
+/// for a shape that differs from it only in its batch).
+#[allow(clippy::too_many_arguments)]
+fn forward_packed(
+    s: &ConvShape,
+    x: &[f32],
+    weight: &[f32],
+    packs: &Packed,
+    bias: Option<&[f32]>,
+    relu: bool,
+    out: Out<'_>,
+    moments: Option<&mut [MapMoments]>,
+) {
+    debug_assert!(!winograd::applies(s, winograd::Pass::Forward));
+    assert_eq!(x.len(), s.batch * s.in_image(), "conv2d: input length");
+    assert_eq!(out.len(), s.batch * s.out_image(), "conv2d: output length");
+    let (patch, pixels) = (s.patch(), s.pixels());
+    let (direct, lanes) = (&packs.direct, &packs.lanes);
     let product = |col: &[f32], out: &mut [f32], cols: usize, accumulate: bool| {
         weights_times(weight, s.out_channels, patch, col, out, cols, accumulate)
     };
     let image = |(x, out): (&[f32], &mut [f32])| {
-        if let Some((cpu, packed, shifts)) = &direct {
+        if let Some((cpu, packed, shifts)) = direct {
             direct_image(*cpu, s, shifts, x, packed, bias, out);
-        } else if let Some((cpu, packed, shifts)) = &lanes {
+        } else if let Some((cpu, packed, shifts)) = lanes {
             lane_image(*cpu, s, shifts, x, packed, bias, out);
         } else {
             return unfolded_image(s, x, weight, bias, relu, out);
@@ -1387,7 +1432,8 @@ fn images_per_group(s: &ConvShape) -> usize {
 /// kernel: Winograd (its transformed weights), or that convolution's own forward (its weights).
 enum DxBy {
     Winograd(Vec<f32>),
-    Forward(Vec<f32>),
+    /// The turned weights, `[in][out][kh][kw]`, and those packed for the forward's kernel.
+    Forward(Vec<f32>, Packed),
 }
 
 /// The NCHW output gradient of `s` as Winograd's input planes.
@@ -1494,7 +1540,9 @@ pub fn conv2d_backward_from<'o>(
                     rotated,
                 ))
             } else {
-                DxBy::Forward(pack_rotated(&t, rotated))
+                let w = pack_rotated(&t, rotated);
+                let packs = Packed::new(&t, &w);
+                DxBy::Forward(w, packs)
             };
             (by, t)
         });
@@ -1645,11 +1693,14 @@ pub fn conv2d_backward_from<'o>(
         assert_eq!(dx.len(), x.len(), "conv2d backward: input gradient length");
         let n = match by {
             DxBy::Winograd(_) => winograd::images_per_call(t),
-            DxBy::Forward(_) => images_per_gemm(t),
+            DxBy::Forward(..) => images_per_gemm(t),
         };
         let convolve = |dy: &[f32], images: usize, dx: &mut [f32]| match by {
             DxBy::Winograd(u) => winograd::convolve(t, u, planes(s, dy), images, None, false, dx),
-            DxBy::Forward(w) => conv2d_forward(&ConvShape { batch: images, ..*t }, dy, w, None, false, dx),
+            DxBy::Forward(w, packs) => {
+                let chunk = ConvShape { batch: images, ..*t };
+                forward_packed(&chunk, dy, w, packs, None, false, dx.into(), None)
+            }
         };
         dx.par_chunks_mut(n * s.in_image())
             .enumerate()
