@@ -5,9 +5,9 @@
 
 use divan::counter::ItemsCount;
 use ember_kernels::cpu::batch_norm::{
-    batch_norm_backward, batch_norm_relu_pool_backward, batch_stats, batch_stats_from, bn_pool_input_grad,
-    combine_moments, inv_std, normalise, normalise_add_relu, normalise_relu_pool, normalise_relu_pool_from,
-    to_f32, BnPoolShape, BnShape, MapMoments,
+    batch_norm_backward, batch_norm_relu_pool_backward, batch_stats, batch_stats_from, bn_input_grad,
+    bn_pool_input_grad, combine_moments, inv_std, normalise, normalise_add_relu, normalise_relu_pool,
+    normalise_relu_pool_from, to_f32, BnPoolShape, BnShape, MapMoments,
 };
 use ember_kernels::cpu::conv::{
     conv2d_backward, conv2d_backward_from, conv2d_forward, conv2d_forward_moments, ConvImages, ConvShape,
@@ -609,6 +609,73 @@ fn conv_bn_pool_bwd(bencher: divan::Bencher, (which, one_node): (usize, bool)) {
                     )
                 });
                 conv2d_backward(&s, &x, &w, &dy, None, dx, Some(&mut dw), Some(&mut db));
+            }
+        });
+}
+
+/// A convolution's and the batch norm + ReLU after it's backward at ResNet-20's first stage
+/// (`CONVS` 4), as two nodes run it (`batch_norm_backward` writes the convolution's output
+/// gradient, `conv2d_backward` reads it) or as the one node runs it (`bn_input_grad`, then
+/// `conv2d_backward_from` with the gradient produced a few images at a time in cache).
+#[divan::bench(args = [(4, false), (4, true)], sample_count = 20)]
+fn conv_bn_bwd(bencher: divan::Bencher, (which, one_node): (usize, bool)) {
+    let (_, s, _) = CONVS[which];
+    let (x, w) = (ramp(s.batch * s.in_image()), ramp(s.weight_len()));
+    let y = ember_kernels::cpu::fresh(s.batch * s.out_image(), |y| {
+        conv2d_forward(&s, &x, &w, None, false, y)
+    });
+    let sh = BnShape {
+        batch: s.batch,
+        channels: s.out_channels,
+        plane: s.pixels(),
+    };
+    let (g, beta) = (ramp(s.out_channels), ramp(s.out_channels));
+    let (mean, var) = batch_stats(&sh, &y);
+    let inv = inv_std(&var, 1e-5);
+    let mut z = vec![0.0; y.len()];
+    normalise(&sh, &y, &to_f32(&mean), &to_f32(&inv), &g, &beta, true, &mut z);
+    let dz = ramp(y.len());
+    let (mut dw, mut db, mut dg, mut dbeta) = (
+        vec![0.0; s.weight_len()],
+        vec![0.0; s.out_channels],
+        vec![0.0; s.out_channels],
+        vec![0.0; s.out_channels],
+    );
+    let mut dx = vec![0.0; x.len()];
+    bencher
+        .counter(ItemsCount::new(2 * s.forward_macs()))
+        .bench_local(|| {
+            if one_node {
+                let grad = bn_input_grad(
+                    &sh,
+                    &y,
+                    &mean,
+                    &inv,
+                    &g,
+                    &dz,
+                    Some(&z),
+                    Some(&mut dg),
+                    Some(&mut dbeta),
+                );
+                let produce = |first: usize, dy: &mut [f32]| grad.images(first, dy);
+                let dy = Images::Produce(&produce);
+                conv2d_backward_from(&s, &x, &w, dy, None, Some(&mut dx), Some(&mut dw), Some(&mut db));
+            } else {
+                let dy = ember_kernels::cpu::fresh(y.len(), |dy| {
+                    batch_norm_backward(
+                        &sh,
+                        &y,
+                        &mean,
+                        &inv,
+                        &g,
+                        &dz,
+                        Some(&z),
+                        Some(dy),
+                        Some(&mut dg),
+                        Some(&mut dbeta),
+                    )
+                });
+                conv2d_backward(&s, &x, &w, &dy, None, Some(&mut dx), Some(&mut dw), Some(&mut db));
             }
         });
 }

@@ -17,9 +17,9 @@ use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 
 use crate::cpu;
 use crate::cpu::batch_norm::{
-    batch_norm_backward, batch_stats, batch_stats_from, bn_pool_input_grad, combine_moments, inv_std,
-    normalise, normalise_add_relu, normalise_relu_pool_from, to_f32, BnPoolInputGrad, BnPoolShape, BnShape,
-    MapMoments,
+    batch_norm_backward, batch_stats, batch_stats_from, bn_input_grad, bn_pool_input_grad, combine_moments,
+    inv_std, normalise, normalise_add_relu, normalise_relu_pool_from, to_f32, BnPoolInputGrad, BnPoolShape,
+    BnShape, MapMoments,
 };
 use crate::cpu::conv::{conv2d_backward_from, conv2d_forward, conv2d_forward_moments, ConvImages, ConvShape};
 use crate::cpu::dropout::{dropout_backward, dropout_forward, DropoutMask};
@@ -1027,6 +1027,29 @@ impl Backward<Flex, 5> for ConvBnPoolBackward {
     }
 }
 
+/// A convolution's and the batch norm after it's tensors on autodiff flex (`x`, weight, bias,
+/// scale, shift; a constant zero bias where the convolution has none) and their values,
+/// contiguous.
+fn conv_bn_parts<B: Backend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 4>,
+    bias: Option<Tensor<B, 1>>,
+    bn_weight: Tensor<B, 1>,
+    bn_bias: Tensor<B, 1>,
+    out_channels: usize,
+) -> ([AdTensor; 5], [FlexTensor; 5]) {
+    let b = bias.map(ad_prim).unwrap_or_else(|| zero_bias(out_channels));
+    let parts = [
+        ad_prim(x),
+        ad_prim(weight),
+        b,
+        ad_prim(bn_weight),
+        ad_prim(bn_bias),
+    ];
+    let values = parts.each_ref().map(|t| contiguous(t.primitive.clone()));
+    (parts, values)
+}
+
 /// `max_pool2d(relu(batch_norm_train(conv2d(x))), 2)` on autodiff flex as one node
 /// ([`ConvBnPoolBackward`]): the pooled output and the batch's mean and biased variance
 /// (untracked). The batch statistics come from the convolution's moments.
@@ -1042,11 +1065,8 @@ pub(crate) fn conv2d_batch_norm_relu_pool_train<B: Backend>(
     shape: BnPoolShape,
     eps: f64,
 ) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
-    let (x, w) = (ad_prim(x), ad_prim(weight));
-    let b = bias.map(ad_prim).unwrap_or_else(|| zero_bias(s.out_channels));
-    let (g, beta) = (ad_prim(bn_weight), ad_prim(bn_bias));
-    let [xp, wp, bp, gp, betap] =
-        [x.primitive, w.primitive, b.primitive, g.primitive, beta.primitive].map(contiguous);
+    let ([x, w, b, g, beta], [xp, wp, bp, gp, betap]) =
+        conv_bn_parts(x, weight, bias, bn_weight, bn_bias, s.out_channels);
     let mut conv = LayerState {
         x: xp,
         w: wp,
@@ -1079,4 +1099,188 @@ pub(crate) fn conv2d_batch_norm_relu_pool_train<B: Backend>(
         OpsKind::UnTracked(prep) => prep.finish(z),
     };
     ad_outputs(z, stats)
+}
+
+/// A convolution, then batch norm (training) with a ReLU, or with a residual added and a ReLU,
+/// as one autodiff node whose backward never stores the convolution's output gradient: the
+/// batch norm's input gradient is produced a few images at a time inside the convolution's
+/// backward, while they are in cache ([`Images::Produce`]), instead of written whole and read
+/// back. The same values as the two nodes. Taken only where the convolution's backward reads
+/// its output gradient once ([`crate::cpu::conv::reads_output_grad_once`]).
+#[derive(Debug)]
+struct ConvBnBackward;
+
+/// [`ConvBnBackward`] with a residual: its gradient is `dz` where the output is positive.
+#[derive(Debug)]
+struct ConvBnAddBackward;
+
+#[derive(Clone, Debug)]
+struct ConvBnState {
+    conv: LayerState<ConvShape>,
+    /// The batch norm's, its input the convolution's output; `relu_out` its output.
+    bn: BnState,
+}
+
+impl Backward<Flex, 5> for ConvBnBackward {
+    type State = ConvBnState;
+
+    fn backward(self, ops: Ops<Self::State, 5>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dz = contiguous(grads.consume::<Flex>(&ops.node));
+        conv_bn_grads(&ops.state, &dz, ops.parents.map(|p| p.map(|n| n.id)), grads);
+    }
+}
+
+impl Backward<Flex, 6> for ConvBnAddBackward {
+    type State = ConvBnState;
+
+    fn backward(self, ops: Ops<Self::State, 6>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let dz = contiguous(grads.consume::<Flex>(&ops.node));
+        let [node_x, node_w, node_b, node_g, node_beta, node_r] = ops.parents.map(|p| p.map(|n| n.id));
+        if let Some(node) = node_r {
+            let z = ops
+                .state
+                .bn
+                .relu_out
+                .as_ref()
+                .expect("the fused op keeps its output");
+            let dr = cpu::par_relu_mask(f32s(&dz), f32s(z));
+            register(grads, Some(node), Some(dr), ops.state.bn.dims);
+        }
+        let nodes = [node_x, node_w, node_b, node_g, node_beta];
+        conv_bn_grads(&ops.state, &dz, nodes, grads);
+    }
+}
+
+/// The batch norm's scale and shift gradients from `dz`, then the convolution's gradients from
+/// the batch norm's input gradient, produced as the convolution's backward reads it.
+fn conv_bn_grads(
+    state: &ConvBnState,
+    dz: &FlexTensor,
+    [node_x, node_w, node_b, node_g, node_beta]: [Option<NodeId>; 5],
+    grads: &mut Gradients,
+) {
+    let bn = &state.bn;
+    let c = bn.shape.channels;
+    let mut dg = node_g.as_ref().map(|_| vec![0.0; c]);
+    let mut dbeta = node_beta.as_ref().map(|_| vec![0.0; c]);
+    let grad = bn_input_grad(
+        &bn.shape,
+        f32s(&bn.x),
+        &bn.mean,
+        &bn.inv_std,
+        f32s(&bn.weight),
+        f32s(dz),
+        bn.relu_out.as_ref().map(f32s),
+        dg.as_deref_mut(),
+        dbeta.as_deref_mut(),
+    );
+    register(grads, node_g, dg, [c]);
+    register(grads, node_beta, dbeta, [c]);
+    let produce = |first: usize, dy: &mut [f32]| grad.images(first, dy);
+    conv_grads(
+        &state.conv,
+        Images::Produce(&produce),
+        [node_x, node_w, node_b],
+        grads,
+    );
+}
+
+/// `batch_norm_train(conv2d(x), relu)`, or with a `residual`, `relu(batch_norm_train(conv2d(x))
+/// + residual)`, on autodiff flex as one node ([`ConvBnBackward`], [`ConvBnAddBackward`]): the
+/// output and the batch's mean and biased variance (untracked). The statistics come from the
+/// convolution's moments.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn conv2d_batch_norm_train<B: Backend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 4>,
+    bias: Option<Tensor<B, 1>>,
+    s: ConvShape,
+    conv_relu: bool,
+    bn_weight: Tensor<B, 1>,
+    bn_bias: Tensor<B, 1>,
+    eps: f64,
+    relu: bool,
+    residual: Option<Tensor<B, 4>>,
+) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    let ([x, w, b, g, beta], [xp, wp, bp, gp, betap]) =
+        conv_bn_parts(x, weight, bias, bn_weight, bn_bias, s.out_channels);
+    let (node_r, rp) = match residual.map(ad_prim) {
+        Some(r) => (Some(r.node), Some(contiguous(r.primitive))),
+        None => (None, None),
+    };
+    let shape = BnShape {
+        batch: s.batch,
+        channels: s.out_channels,
+        plane: s.pixels(),
+    };
+    let dims = conv_out_shape(&s);
+    let mut moments = vec![MapMoments::default(); s.batch * s.out_channels];
+    let y = conv_forward(&xp, &wp, Some(&bp), &s, conv_relu, Some(&mut moments));
+    let (mean, var) = combine_moments(&shape, &moments);
+    let inv = inv_std(&var, eps);
+    let (mean32, inv32) = (to_f32(&mean), to_f32(&inv));
+    let z = cpu::fresh(shape.len(), |z| match &rp {
+        Some(r) => normalise_add_relu(
+            &shape,
+            f32s(&y),
+            &mean32,
+            &inv32,
+            f32s(&gp),
+            f32s(&betap),
+            f32s(r),
+            z,
+        ),
+        None => normalise(
+            &shape,
+            f32s(&y),
+            &mean32,
+            &inv32,
+            f32s(&gp),
+            f32s(&betap),
+            relu,
+            z,
+        ),
+    });
+    let z = from_vec(z, dims);
+    let (mean_t, var_t) = (
+        from_vec(to_f32(&mean), [s.out_channels]),
+        from_vec(to_f32(&var), [s.out_channels]),
+    );
+    let relu_out = (relu || rp.is_some()).then(|| z.clone());
+    let state = ConvBnState {
+        conv: LayerState {
+            x: xp,
+            w: wp,
+            relu_out: conv_relu.then(|| y.clone()),
+            shape: s,
+        },
+        bn: BnState {
+            x: y,
+            mean,
+            inv_std: inv,
+            weight: gp,
+            relu_out,
+            shape,
+            dims,
+        },
+    };
+    let z = match node_r {
+        Some(node_r) => match ConvBnAddBackward
+            .prepare::<NoCheckpointing>([x.node, w.node, b.node, g.node, beta.node, node_r])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(state, z),
+            OpsKind::UnTracked(prep) => prep.finish(z),
+        },
+        None => match ConvBnBackward
+            .prepare::<NoCheckpointing>([x.node, w.node, b.node, g.node, beta.node])
+            .compute_bound()
+            .stateful()
+        {
+            OpsKind::Tracked(prep) => prep.finish(state, z),
+            OpsKind::UnTracked(prep) => prep.finish(z),
+        },
+    };
+    ad_outputs(z, [mean_t, var_t])
 }

@@ -568,6 +568,64 @@ pub fn conv2d_batch_norm2d_relu_pool2_train<B: Backend>(
     batch_norm2d_relu_pool2_train_stats(conv2d_moments(x, weight, bias, options), bn_weight, bn_bias, eps)
 }
 
+/// `batch_norm2d_train(conv2d(x, weight, bias, options), bn_weight, bn_bias, eps, relu)`, or
+/// with a `residual`, `batch_norm2d_add_relu_train(conv2d(..), bn_weight, bn_bias, residual,
+/// eps)` (`relu` is then implied): a convolution and the training batch norm after it. On the
+/// kernels (autodiff flex), where the convolution's backward reads its output gradient once
+/// (`cpu::conv::reads_output_grad_once`), one autodiff node whose backward never stores that
+/// gradient (each few images of it are produced and consumed in cache); elsewhere
+/// [`conv2d_moments`] and the batch norm, two nodes. The same values either way. Returns the
+/// output and the batch's mean and biased variance, detached.
+///
+/// # Shapes
+/// - `x`: `[batch, in_channels, h, w]`; `bn_weight`, `bn_bias`: `[out_channels]`
+/// - `residual`, output: `[batch, out_channels, h_out, w_out]`; mean and variance:
+///   `[out_channels]`
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_batch_norm2d_train<B: Backend>(
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 4>,
+    bias: Option<Tensor<B, 1>>,
+    options: Conv2dOptions,
+    bn_weight: Tensor<B, 1>,
+    bn_bias: Tensor<B, 1>,
+    eps: f64,
+    relu: bool,
+    residual: Option<Tensor<B, 4>>,
+) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    #[cfg(feature = "flex")]
+    if uses_cpu_kernels::<B>() && flex::is_autodiff_flex::<B>() && bn_weight.dtype() == DType::F32 {
+        if let Some(s) = conv_shape(&x, &weight, options).filter(cpu::conv::reads_output_grad_once) {
+            let out = [s.batch, s.out_channels, s.out_h(), s.out_w()];
+            let fits = bn_weight.dims() == [s.out_channels]
+                && bn_bias.dims() == [s.out_channels]
+                && bias.as_ref().is_none_or(|b| b.dims() == [s.out_channels])
+                && residual
+                    .as_ref()
+                    .is_none_or(|r| r.dims() == out && r.dtype() == DType::F32);
+            if fits {
+                return flex::conv2d_batch_norm_train(
+                    x,
+                    weight,
+                    bias,
+                    s,
+                    options.relu,
+                    bn_weight,
+                    bn_bias,
+                    eps,
+                    relu,
+                    residual,
+                );
+            }
+        }
+    }
+    let y = conv2d_moments(x, weight, bias, options);
+    match residual {
+        Some(r) => batch_norm2d_add_relu_train(y, bn_weight, bn_bias, r, eps),
+        None => batch_norm2d_train(y, bn_weight, bn_bias, eps, relu),
+    }
+}
+
 /// A training batch norm's batch statistics, detached: each channel's mean and biased variance
 /// over its `count` elements.
 pub struct BatchStats<B: Backend> {

@@ -59,6 +59,44 @@ pub fn conv2d_moments<B: Backend>(conv: &Conv2d<B>, x: Tensor<B, 4>) -> BnInput<
     }
 }
 
+/// `batch_norm_train(conv.forward(x))` with the batch norm's `weight`, `bias` and `eps`, then
+/// `relu` if asked, or with a `residual` added and a ReLU ([`crate::conv2d_batch_norm2d_train`]:
+/// one node on the kernels where that pays). Returns the output and the batch's mean and biased
+/// variance, detached.
+///
+/// # Shapes
+/// - `x`: `[batch, in_channels, h, w]`; `weight`, `bias`: `[out_channels]`
+/// - `residual`, output: `[batch, out_channels, h_out, w_out]`
+pub fn conv2d_batch_norm2d_train<B: Backend>(
+    conv: &Conv2d<B>,
+    x: Tensor<B, 4>,
+    weight: Tensor<B, 1>,
+    bias: Tensor<B, 1>,
+    eps: f64,
+    relu: bool,
+    residual: Option<Tensor<B, 4>>,
+) -> (Tensor<B, 4>, Tensor<B, 1>, Tensor<B, 1>) {
+    let Some(options) = options(conv) else {
+        let y = conv2d(conv, x);
+        return match residual {
+            Some(r) => crate::batch_norm2d_add_relu_train(y, weight, bias, r, eps),
+            None => crate::batch_norm2d_train(y, weight, bias, eps, relu),
+        };
+    };
+    let conv_bias = conv.bias.as_ref().map(|b| b.val());
+    crate::conv2d_batch_norm2d_train(
+        x,
+        conv.weight.val(),
+        conv_bias,
+        options,
+        weight,
+        bias,
+        eps,
+        relu,
+        residual,
+    )
+}
+
 /// `max_pool2d(relu(batch_norm_train(conv.forward(x))), 2)` with the batch norm's `weight`,
 /// `bias` and `eps` ([`crate::conv2d_batch_norm2d_relu_pool2_train`]): one node on the kernels.
 /// Returns the pooled output and the batch's statistics.

@@ -1124,7 +1124,9 @@ enum BatchNormAfter {
 /// batch norm that takes its statistics from them, against the same convolution (`conv2d`) and
 /// the batch norm's own pass over its output: the same bits in the output, the statistics and
 /// every gradient (input, convolution weight and bias, batch norm weight and bias, residual);
-/// before a ReLU and 2x2 pool, also the one-node `conv2d_batch_norm2d_relu_pool2_train`.
+/// also the one-node ops: `conv2d_batch_norm2d_relu_pool2_train` before a ReLU and 2x2 pool,
+/// `conv2d_batch_norm2d_train` otherwise (one node where the convolution's backward reads its
+/// output gradient once, else the two ops: the same bits either way).
 /// Each of the two is tested against burn's stock ops above, so this extends to them; with
 /// `against_burn` the statistics are also checked against those of burn's convolution in f64
 /// (at shapes where they are well conditioned: a variance of a few values can be smaller than
@@ -1151,6 +1153,35 @@ fn check_conv_moments(case: &ConvCase, after: BatchNormAfter, seed: u64, against
     // `fused`: the convolution, batch norm, ReLU and pool as one node
     // (`conv2d_batch_norm2d_relu_pool2_train`), whose backward produces the batch norm's input
     // gradient a few images at a time inside the convolution's.
+    // `one_node`: the convolution and the batch norm (`after`, not pooled) as one node
+    // (`conv2d_batch_norm2d_train`); its tensors in `run`'s order.
+    let one_node = |relu: bool, residual: bool| {
+        let bias = case.bias.then(|| b.clone());
+        let dims = conv2d(x.clone(), wt.clone(), None, options).dims();
+        let (r_in, _) = same(dims, seed + 6);
+        let r_in = residual.then_some(r_in);
+        let (z, mean, var) = ember_kernels::conv2d_batch_norm2d_train(
+            x.clone(),
+            wt.clone(),
+            bias,
+            options,
+            g.clone(),
+            beta.clone(),
+            1e-5,
+            relu,
+            r_in.clone(),
+        );
+        let (r, _) = same(z.dims(), seed + 7);
+        let grads = (z.clone() * r.detach()).sum().backward();
+        let mut all = vec![values(z), values(mean), values(var)];
+        all.extend(x.grad(&grads).map(values));
+        all.extend(r_in.and_then(|r| r.grad(&grads)).map(values));
+        all.extend(wt.grad(&grads).map(values));
+        for t in [b.grad(&grads), g.grad(&grads), beta.grad(&grads)] {
+            all.extend(t.map(values));
+        }
+        all
+    };
     let fused = |_: ()| {
         let (z, stats) = ember_kernels::conv2d_batch_norm2d_relu_pool2_train(
             x.clone(),
@@ -1210,6 +1241,24 @@ fn check_conv_moments(case: &ConvCase, after: BatchNormAfter, seed: u64, against
             "{case:?} {after:?}: tensor {i} differs with the convolution's moments"
         );
     }
+    let single = match after {
+        BatchNormAfter::Plain { relu } => Some(one_node(relu, false)),
+        BatchNormAfter::AddRelu => Some(one_node(true, true)),
+        BatchNormAfter::ReluPool2 => None,
+    };
+    if let Some(single) = single {
+        assert_eq!(
+            single.len(),
+            without.len(),
+            "{case:?} {after:?} one node: tensors"
+        );
+        for (i, (a, b)) in single.iter().zip(&without).enumerate() {
+            assert!(
+                bits(a) == bits(b),
+                "{case:?} {after:?} one node: tensor {i} differs from the two ops"
+            );
+        }
+    }
     if let BatchNormAfter::ReluPool2 = after {
         let one_node = fused(());
         assert_eq!(one_node.len(), without.len(), "{case:?} fused: tensors");
@@ -1260,6 +1309,8 @@ fn conv_moments_at_model_shapes_match() {
         (40, 64, 128, 7, 3, 1, 1, ReluPool2),            // speedrun block 3, several groups
         (3, 1, 16, 28, 3, 1, 1, Plain { relu: true }),   // ResNet-20 stem
         (3, 16, 16, 28, 3, 1, 1, AddRelu),               // ResNet-20 stage 1
+        (20, 16, 16, 28, 3, 1, 1, Plain { relu: true }), // stage 1, one node, several groups
+        (3, 16, 32, 28, 3, 2, 1, Plain { relu: true }),  // stage 2's first, strided: one node
         (3, 16, 32, 28, 1, 2, 0, Plain { relu: false }), // projection
         (3, 64, 64, 8, 3, 1, 1, AddRelu),                // Winograd
         (2, 8, 8, 24, 3, 1, 1, Plain { relu: true }),    // im2col per image

@@ -99,7 +99,7 @@ impl<B: Backend> BatchNorm2d<B> {
         residual: Tensor<B, 4>,
     ) -> Tensor<B, 4> {
         if B::ad_enabled(&x.device()) {
-            return self.add_relu(nn::conv2d_moments(conv, x), residual);
+            return self.conv_train(conv, x, true, Some(residual));
         }
         self.forward_add_relu(nn::conv2d(conv, x), residual)
     }
@@ -179,7 +179,7 @@ impl<B: Backend> BatchNorm2d<B> {
 
     fn forward_conv_maybe_relu(&self, conv: &Conv2d<B>, x: Tensor<B, 4>, relu: bool) -> Tensor<B, 4> {
         if B::ad_enabled(&x.device()) {
-            return self.forward_maybe_relu(nn::conv2d_moments(conv, x), relu);
+            return self.conv_train(conv, x, relu, None);
         }
         let scale = self
             .weight
@@ -187,6 +187,21 @@ impl<B: Backend> BatchNorm2d<B> {
             .div(self.running_var.value().add_scalar(self.eps).sqrt());
         let shift = self.bias.val().sub(self.running_mean.value().mul(scale.clone()));
         nn::conv2d_affine(conv, x, scale, shift, relu)
+    }
+
+    /// Training: `conv`, then this batch norm (then `relu`, or `residual` added and a ReLU) as
+    /// [`nn::conv2d_batch_norm2d_train`] runs them, the running statistics updated.
+    fn conv_train(
+        &self,
+        conv: &Conv2d<B>,
+        x: Tensor<B, 4>,
+        relu: bool,
+        residual: Option<Tensor<B, 4>>,
+    ) -> Tensor<B, 4> {
+        let (weight, bias) = (self.weight.val(), self.bias.val());
+        let (y, mean, var) = nn::conv2d_batch_norm2d_train(conv, x, weight, bias, self.eps, relu, residual);
+        self.update_running(Self::count(&y), mean, var);
+        y
     }
 
     /// Elements per channel of `x`.

@@ -824,6 +824,28 @@ pub fn batch_norm_backward<'o>(
     dweight: Option<&mut [f32]>,
     dbias: Option<&mut [f32]>,
 ) {
+    let grad = bn_input_grad(s, x, mean, inv_std, weight, dy, relu_out, dweight, dbias);
+    if let Some(dx) = dx {
+        grad.all(dx);
+    }
+}
+
+/// [`batch_norm_backward`]'s first pass, its per-channel sums: `dweight` and `dbias` written,
+/// and the input gradient ready to be written whole or a few images at a time (the
+/// convolution before the batch norm can take it so, [`super::Images::Produce`], and never
+/// store it).
+#[allow(clippy::too_many_arguments)]
+pub fn bn_input_grad<'a>(
+    s: &BnShape,
+    x: &'a [f32],
+    mean: &[f64],
+    inv_std: &[f64],
+    weight: &[f32],
+    dy: &'a [f32],
+    relu_out: Option<&'a [f32]>,
+    dweight: Option<&mut [f32]>,
+    dbias: Option<&mut [f32]>,
+) -> BnInputGrad<'a> {
     assert_eq!(x.len(), s.len(), "batch norm: input length");
     assert_eq!(dy.len(), s.len(), "batch norm: gradient length");
     if let Some(y) = relu_out {
@@ -833,8 +855,6 @@ pub fn batch_norm_backward<'o>(
         assert_eq!(v.len(), s.channels, "batch norm: per-channel length");
     }
     assert_eq!(weight.len(), s.channels, "batch norm: per-channel length");
-    // The gradient reaching the normalisation: `dy`, stopped where the fused ReLU output 0.
-    let gate = |dy: f64, y: f64| if y <= 0.0 { 0.0 } else { dy };
     let y = relu_out.unwrap_or(dy);
     let relu = relu_out.is_some();
     let cpu = super::simd::Avx512::detect();
@@ -876,36 +896,87 @@ pub fn batch_norm_backward<'o>(
         dweight,
         dbias,
     );
-    let Some(dx) = dx.map(Into::into) else { return };
-    assert_eq!(dx.len(), s.len(), "batch norm: input gradient length");
-    if s.is_empty() {
-        return;
+    BnInputGrad {
+        s: *s,
+        rules,
+        x,
+        dy,
+        relu_out,
     }
-    dx.par_chunks_mut(image)
-        .zip(
-            x.par_chunks(image)
-                .zip(dy.par_chunks(image).zip(y.par_chunks(image))),
-        )
-        .for_each(|(dx, (x, (dy, y)))| {
-            wide(
-                #[inline(always)]
-                || {
-                    for (c, rule) in rules.iter().enumerate() {
-                        let at = c * s.plane..(c + 1) * s.plane;
-                        for (((d, &x), &dy), &y) in dx[at.clone()]
-                            .iter_mut()
-                            .zip(&x[at.clone()])
-                            .zip(&dy[at.clone()])
-                            .zip(&y[at])
-                        {
-                            let dy = f64::from(dy);
-                            let g = if relu { gate(dy, f64::from(y)) } else { dy };
-                            *d = rule.dx(g, x);
+}
+
+/// Batch norm's input gradient once its sums are taken ([`bn_input_grad`]): each element in
+/// `f64` from its `x`, `dy` (gated by the fused ReLU's output) and its channel's rule.
+pub struct BnInputGrad<'a> {
+    s: BnShape,
+    rules: Vec<DxRule>,
+    x: &'a [f32],
+    dy: &'a [f32],
+    relu_out: Option<&'a [f32]>,
+}
+
+impl BnInputGrad<'_> {
+    /// The whole input gradient into `dx`, images in parallel.
+    pub fn all<'o>(&self, dx: impl Into<Out<'o>>) {
+        let dx = dx.into();
+        assert_eq!(dx.len(), self.s.len(), "batch norm: input gradient length");
+        if self.s.is_empty() {
+            return;
+        }
+        let image = self.s.channels * self.s.plane;
+        dx.par_chunks_mut(image)
+            .enumerate()
+            .for_each(|(n, dx)| self.images(n, dx));
+    }
+
+    /// The input gradient of images `first..first + dx.len() / image` into `dx` (every
+    /// element): the same values as [`batch_norm_backward`] writes there.
+    ///
+    /// # Panics
+    /// If `dx` is not a whole number of images within the batch.
+    pub fn images(&self, first: usize, dx: &mut [f32]) {
+        let s = &self.s;
+        let image = s.channels * s.plane;
+        if image == 0 {
+            return;
+        }
+        assert_eq!(dx.len() % image, 0, "batch norm backward: whole images");
+        assert!(
+            first + dx.len() / image <= s.batch,
+            "batch norm backward: images past the batch"
+        );
+        let at = first * image..first * image + dx.len();
+        let (x, dy) = (&self.x[at.clone()], &self.dy[at.clone()]);
+        let y = self.relu_out.map(|y| &y[at]);
+        // The gradient reaching the normalisation: `dy`, stopped where the fused ReLU output 0.
+        let gate = |dy: f64, y: f64| if y <= 0.0 { 0.0 } else { dy };
+        wide(
+            #[inline(always)]
+            || {
+                for (n, dx) in dx.chunks_exact_mut(image).enumerate() {
+                    let at = n * image..(n + 1) * image;
+                    let (x, dy) = (&x[at.clone()], &dy[at.clone()]);
+                    for (c, rule) in self.rules.iter().enumerate() {
+                        let map = c * s.plane..(c + 1) * s.plane;
+                        let (dx, x, dy) = (&mut dx[map.clone()], &x[map.clone()], &dy[map.clone()]);
+                        match y {
+                            Some(y) => {
+                                let y = &y[at.clone()][map];
+                                for (((d, &x), &dy), &y) in dx.iter_mut().zip(x).zip(dy).zip(y) {
+                                    *d = rule.dx(gate(f64::from(dy), f64::from(y)), x);
+                                }
+                            }
+                            None => {
+                                for ((d, &x), &dy) in dx.iter_mut().zip(x).zip(dy) {
+                                    *d = rule.dx(f64::from(dy), x);
+                                }
+                            }
                         }
                     }
-                },
-            )
-        });
+                }
+            },
+        )
+    }
 }
 
 #[cfg(test)]

@@ -1428,6 +1428,24 @@ fn images_per_group(s: &ConvShape) -> usize {
     s.batch.div_ceil(groups)
 }
 
+/// The transposed convolution ([`transposed`]) whose own forward, in a pass of its own after
+/// the weight gradient's, takes `s`'s input gradient (by Winograd or [`turned_forward_pays`]),
+/// when one does.
+fn turned_input_grad(s: &ConvShape) -> Option<ConvShape> {
+    transposed(s).filter(|t| {
+        s.stride == [1, 1] && (winograd::applies(t, winograd::Pass::InputGradient) || turned_forward_pays(t))
+    })
+}
+
+/// Whether [`conv2d_backward_from`] reads each image of its output gradient once (the weight
+/// gradient and the input gradient from one read, or no input gradient by the turned forward):
+/// an output gradient produced image by image ([`Images::Produce`]) is then produced once.
+/// Otherwise the turned forward's pass reads it again, and producing it twice costs more than
+/// storing it.
+pub fn reads_output_grad_once(s: &ConvShape) -> bool {
+    turned_input_grad(s).is_none()
+}
+
 /// How the input gradient is taken as the convolution of the output gradient by the turned
 /// kernel: Winograd (its transformed weights), or that convolution's own forward (its weights).
 enum DxBy {
@@ -1520,32 +1538,26 @@ pub fn conv2d_backward_from<'o>(
     // of its own, or by the direct kernel within the groups below, where one applies; else
     // through col2im.
     let rotated = |c: usize, o: usize, k: usize| weight[(o * s.in_channels + c) * taps + (taps - 1 - k)];
-    let turned_dx = transposed(s)
-        .filter(|t| {
-            s.stride == [1, 1]
-                && dx.is_some()
-                && (winograd::applies(t, winograd::Pass::InputGradient) || turned_forward_pays(t))
-        })
-        .map(|t| {
-            // Where Winograd takes the input gradient only because im2col + col2im is slower
-            // still (wide layers on small images), the transposed convolution's own forward
-            // (small images side by side, one GEMM reading the unfolded block in place) is
-            // faster than either: ResNet-18's 512x4x4 layer at batch 64, 2 threads, 46.8 / 40.5
-            // -> 25.4 / 28.0 ms (divan conv2d_bwd_input, alternating). So it is on narrower
-            // layers on small images (`turned_forward_pays`).
-            let by = if winograd::applies(&t, winograd::Pass::Forward) {
-                DxBy::Winograd(winograd::transform_weights(
-                    t.out_channels,
-                    t.in_channels,
-                    rotated,
-                ))
-            } else {
-                let w = pack_rotated(&t, rotated);
-                let packs = Packed::new(&t, &w);
-                DxBy::Forward(w, packs)
-            };
-            (by, t)
-        });
+    let turned_dx = turned_input_grad(s).filter(|_| dx.is_some()).map(|t| {
+        // Where Winograd takes the input gradient only because im2col + col2im is slower
+        // still (wide layers on small images), the transposed convolution's own forward
+        // (small images side by side, one GEMM reading the unfolded block in place) is
+        // faster than either: ResNet-18's 512x4x4 layer at batch 64, 2 threads, 46.8 / 40.5
+        // -> 25.4 / 28.0 ms (divan conv2d_bwd_input, alternating). So it is on narrower
+        // layers on small images (`turned_forward_pays`).
+        let by = if winograd::applies(&t, winograd::Pass::Forward) {
+            DxBy::Winograd(winograd::transform_weights(
+                t.out_channels,
+                t.in_channels,
+                rotated,
+            ))
+        } else {
+            let w = pack_rotated(&t, rotated);
+            let packs = Packed::new(&t, &w);
+            DxBy::Forward(w, packs)
+        };
+        (by, t)
+    });
     let (dx, dx_turned) = match (&turned_dx, dx) {
         (Some(_), Some(dx)) => (None, Some(dx)),
         (_, dx) => (dx, None),
