@@ -17,6 +17,7 @@ use rayon::prelude::*;
 use super::batch_norm::{image_moments, MapMoments};
 use super::out::OutChunk;
 use super::scratch::with_scratch;
+use super::simd::Ahead;
 use super::{gemm, lane_sum, out_len, relu_in_place, relu_mask, transpose, Gemm, Images, Out};
 
 mod winograd;
@@ -753,6 +754,7 @@ fn lane_image(
     packed: &[f32],
     bias: Option<&[f32]>,
     out: &mut [f32],
+    ahead: Ahead,
 ) {
     with_padded(s, x, |padded, plane, pw_n| {
         with_scratch(0, s.out_image(), |pixels| {
@@ -768,6 +770,7 @@ fn lane_image(
                 bias,
                 out_channels: s.out_channels,
                 block_channels: lane_block_channels(s),
+                ahead,
             };
             cpu.lane_conv(&conv, pixels);
             cpu.pixels_to_planes(pixels, s.out_channels, out);
@@ -784,6 +787,7 @@ fn lane_image(
     _: &[f32],
     _: Option<&[f32]>,
     _: &mut [f32],
+    _: Ahead,
 ) {
     match cpu {}
 }
@@ -836,6 +840,7 @@ fn direct_image(
     packed: &[f32],
     bias: Option<&[f32]>,
     out: &mut [f32],
+    ahead: Ahead,
 ) {
     with_padded(s, x, |padded, plane, pw_n| {
         let pitch = s.out_h() * pw_n;
@@ -851,6 +856,7 @@ fn direct_image(
                 out_channels: s.out_channels,
                 n,
                 pitch,
+                ahead,
             };
             cpu.shifted_conv(&conv, wide);
             compact(s, wide, out);
@@ -867,6 +873,7 @@ fn direct_image(
     _: &[f32],
     _: Option<&[f32]>,
     _: &mut [f32],
+    _: Ahead,
 ) {
     match cpu {}
 }
@@ -1069,11 +1076,11 @@ fn forward_packed(
     let product = |col: &[f32], out: &mut [f32], cols: usize, accumulate: bool| {
         weights_times(weight, s.out_channels, patch, col, out, cols, accumulate)
     };
-    let image = |(x, out): (&[f32], &mut [f32])| {
+    let image = |(x, out): (&[f32], &mut [f32]), ahead: Ahead| {
         if let Some((cpu, packed, shifts)) = direct {
-            direct_image(*cpu, s, shifts, x, packed, bias, out);
+            direct_image(*cpu, s, shifts, x, packed, bias, out, ahead);
         } else if let Some((cpu, packed, shifts)) = lanes {
-            lane_image(*cpu, s, shifts, x, packed, bias, out);
+            lane_image(*cpu, s, shifts, x, packed, bias, out, ahead);
         } else {
             return unfolded_image(s, x, weight, bias, relu, out);
         }
@@ -1087,12 +1094,22 @@ fn forward_packed(
         images_per_gemm(s)
     };
     if together == 1 {
+        // While one image computes, the next one's input and output come into cache.
+        let (x_all, out_at, (xi, oi)) = (x, out.as_ptr() as usize, (s.in_image(), s.out_image()));
         return x
-            .par_chunks(s.in_image())
-            .zip(out.par_chunks_mut(s.out_image()))
+            .par_chunks(xi)
+            .zip(out.par_chunks_mut(oi))
             .zip(moment_chunks(s, moments, 1))
-            .for_each(|((x, out), moments)| {
-                image((x, &mut *out));
+            .enumerate()
+            .for_each(|(i, ((x, out), moments))| {
+                let ahead = match x_all.get((i + 1) * xi..) {
+                    Some(next) if !next.is_empty() => Ahead::at(&[
+                        (next.as_ptr(), xi),
+                        ((out_at as *const f32).wrapping_add((i + 1) * oi), oi),
+                    ]),
+                    _ => Ahead::default(),
+                };
+                image((x, &mut *out), ahead);
                 moments_of(s, out, moments);
             });
     }
@@ -1661,8 +1678,21 @@ pub fn conv2d_backward_from<'o>(
                             // The input gradient is its own unfolded matrix.
                             input_grad_gemm(weight, patch, dyw, [o, patch, wide], dx_c);
                         } else if let Some((cpu, packed, shifts, t)) = &direct_dx {
-                            // One image per chunk (`together` is 1 with the direct kernel).
-                            direct_image(*cpu, t, shifts, dyw, packed, None, dx_c);
+                            // One image per chunk (`together` is 1 with the direct kernel):
+                            // the next one's input, output gradient and input gradient come
+                            // into cache meanwhile.
+                            let ahead = if c0 + 1 < images {
+                                let (xi, oi) = (s.in_image(), s.out_image());
+                                let next_dy = match dy {
+                                    Images::Values(dy) => (dy[(n0 + 1) * oi..].as_ptr(), oi),
+                                    _ => (std::ptr::null(), 0),
+                                };
+                                let next_dx = dx_c.as_ptr().wrapping_add(xi);
+                                Ahead::at(&[(x[(n0 + 1) * xi..].as_ptr(), xi), next_dy, (next_dx, xi)])
+                            } else {
+                                Ahead::default()
+                            };
+                            direct_image(*cpu, t, shifts, dyw, packed, None, dx_c, ahead);
                         } else {
                             unfolded_grads(s, x_c, weight, dyw, None, Some(dx_c));
                         }
@@ -1946,7 +1976,14 @@ mod tests {
                     let taps = kh * kw;
                     let packed = pack_weights(&s, |oc, ic, t| wt[(oc * c + ic) * taps + t]);
                     let mut out = vec![f32::NAN; s.out_image()];
-                    direct_image(cpu, &s, &tap_shifts(&s), &x, &packed, Some(&b), &mut out);
+                    // Prefetch hints at unmapped and past-the-end addresses: no fault, no
+                    // effect on the values.
+                    let wild = Ahead::at(&[
+                        (std::ptr::null(), 1000),
+                        (x.as_ptr().wrapping_add(x.len() + 4096), 5000),
+                        (x.as_ptr(), x.len()),
+                    ]);
+                    direct_image(cpu, &s, &tap_shifts(&s), &x, &packed, Some(&b), &mut out, wild);
                     for (i, (got, want)) in out.iter().zip(reference(&s, &x, &wt, &b)).enumerate() {
                         assert!(
                             (*got as f64 - want).abs() <= 1e-4 * want.abs().max(1.0),
@@ -1982,7 +2019,16 @@ mod tests {
                     let t = transposed(&s).expect("zero padding below the kernel size");
                     let packed_t = pack_weights(&t, |ic, oc, k| wt[(oc * c + ic) * taps + (taps - 1 - k)]);
                     let mut dx = vec![f32::NAN; s.in_image()];
-                    direct_image(cpu, &t, &tap_shifts(&t), &dy, &packed_t, None, &mut dx);
+                    direct_image(
+                        cpu,
+                        &t,
+                        &tap_shifts(&t),
+                        &dy,
+                        &packed_t,
+                        None,
+                        &mut dx,
+                        Ahead::default(),
+                    );
                     let mut dcol = vec![0.0f32; patch * pixels];
                     for p in 0..patch {
                         for q in 0..pixels {
@@ -2078,7 +2124,8 @@ mod tests {
                 }
                 for bias in [Some(&b[..]), None] {
                     let mut out = vec![f32::NAN; s.out_image()];
-                    lane_image(cpu, &s, &tap_shifts(&s), &x, &packed, bias, &mut out);
+                    let wild = Ahead::at(&[(std::ptr::null(), 1000), (x.as_ptr(), x.len())]);
+                    lane_image(cpu, &s, &tap_shifts(&s), &x, &packed, bias, &mut out, wild);
                     let zeros = vec![0.0; o];
                     let want = reference(&s, &x, &wt, bias.unwrap_or(&zeros));
                     for (i, (got, want)) in out.iter().zip(want).enumerate() {

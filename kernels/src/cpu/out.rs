@@ -66,6 +66,11 @@ impl<'a, T: Copy + Default + Send + Sync> Out<'a, T> {
         self.values.is_empty()
     }
 
+    /// Where the output starts (for prefetch hints, never read through).
+    pub fn as_ptr(&self) -> *const T {
+        self.values.as_ptr().cast()
+    }
+
     /// The output in parallel chunks of `n` elements (the last may be shorter), each zeroed by
     /// the thread that receives it, just before.
     pub fn par_chunks_mut(self, n: usize) -> impl IndexedParallelIterator<Item = &'a mut [T]> {
