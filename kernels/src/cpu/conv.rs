@@ -232,6 +232,17 @@ fn im2col_pitched(s: &ConvShape, x: &[f32], col: &mut [f32], pitch: usize) {
 /// ph, in_w + 2 * pw]`: zeros or copies of the border.
 #[inline(never)]
 fn pad_image(s: &ConvShape, x: &[f32], padded: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if s.mode == PadMode::Zeros {
+        if let Some(cpu) = super::simd::Avx512::detect() {
+            let ((ph_n, pw_n), area) = (padded_size(s), s.in_h * s.in_w);
+            let planes = x.len() / area.max(1);
+            let (x, padded) = (&x[..planes * area], &mut padded[..planes * ph_n * pw_n]);
+            if cpu.pad_zeros(padded, x, [s.in_h, s.in_w], s.padding) {
+                return;
+            }
+        }
+    }
     dispatch_wide!(pad_image_rows(s: &ConvShape, x: &[f32], padded: &mut [f32]))
 }
 
@@ -1802,6 +1813,54 @@ mod tests {
             false,
             &mut out,
         );
+    }
+
+    /// The AVX-512 zero padding writes the portable rows' bits, every float of the padded
+    /// planes (NaN before), for narrow, ragged and wide rows and uneven padding; rows past
+    /// its widest are left to the portable loop, untouched.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_zero_padding_is_the_portable_rows() {
+        let Some(cpu) = super::super::simd::Avx512::detect() else {
+            return;
+        };
+        let cases = [
+            (1, 1, 1, [0, 0]),
+            (3, 5, 7, [1, 1]),
+            (16, 28, 28, [1, 1]),
+            (32, 14, 14, [1, 1]),
+            (2, 7, 7, [2, 2]),
+            (2, 6, 17, [0, 3]),
+            (1, 3, 40, [1, 0]),
+            (1, 2, 254, [0, 1]),
+            (1, 2, 255, [0, 1]),
+        ];
+        for (c, h, w, padding) in cases {
+            let s = ConvShape {
+                batch: 1,
+                in_channels: c,
+                in_h: h,
+                in_w: w,
+                out_channels: 4,
+                kernel: [1, 1],
+                stride: [1, 1],
+                padding,
+                mode: PadMode::Zeros,
+            };
+            let x: Vec<f32> = (0..c * h * w).map(|i| i as f32 * 0.5 - 3.0).collect();
+            let (ph_n, pw_n) = padded_size(&s);
+            let mut want = vec![f32::NAN; c * ph_n * pw_n];
+            pad_image_rows(Portable, &s, &x, &mut want);
+            let mut got = vec![f32::NAN; want.len()];
+            let took = cpu.pad_zeros(&mut got, &x, [h, w], padding);
+            assert_eq!(took, pw_n <= super::super::simd::Avx512::PAD_MAX_WIDTH, "{s:?}");
+            if took {
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{s:?}");
+            } else {
+                assert!(got.iter().all(|v| v.is_nan()), "{s:?}: written");
+            }
+        }
     }
 
     /// A first layer's output computed again ([`ConvImages`]), in any extent from any image, has

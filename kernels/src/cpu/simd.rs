@@ -260,6 +260,44 @@ impl Avx512 {
 
 #[cfg(target_arch = "x86_64")]
 impl Avx512 {
+    /// Widest padded row [`Avx512::pad_zeros`] takes: its per-chunk masks live in a fixed
+    /// array.
+    pub(crate) const PAD_MAX_WIDTH: usize = 16 * 16;
+
+    /// `padded`'s planes, `[h + 2 * ph, w + 2 * pw]` each, = `x`'s planes, `[h, w]`, with `ph`
+    /// rows and `pw` columns of zeros around them: each padded row by whole 16-lane masked
+    /// loads and stores, its zeros included (the masks are the same for every row), instead
+    /// of scalar fills at both ends and a copy between. Returns `false`, writing nothing,
+    /// where a padded row is wider than [`Avx512::PAD_MAX_WIDTH`].
+    ///
+    /// # Panics
+    /// If `x` is not whole `[h, w]` planes (none when empty), or `padded` not as many padded
+    /// ones.
+    pub(crate) fn pad_zeros(
+        self,
+        padded: &mut [f32],
+        x: &[f32],
+        [h, w]: [usize; 2],
+        [ph, pw]: [usize; 2],
+    ) -> bool {
+        assert!(
+            h > 0 && w > 0 && x.len() % (h * w) == 0,
+            "pad_zeros: x is not whole planes"
+        );
+        let (hn, wn) = (h + 2 * ph, w + 2 * pw);
+        assert_eq!(
+            padded.len(),
+            x.len() / (h * w) * hn * wn,
+            "pad_zeros: padded length"
+        );
+        if wn > Self::PAD_MAX_WIDTH {
+            return false;
+        }
+        // SAFETY: `self` proves AVX-512F; the lengths are checked above.
+        unsafe { x86::pad_zeros(padded, x, [h, w], [ph, pw]) };
+        true
+    }
+
     /// `dst = src` (same length) with masked 16-lane operations.
     #[inline(always)]
     pub(crate) fn copy_row(self, dst: &mut [f32], src: &[f32]) {
@@ -1167,6 +1205,46 @@ mod x86 {
     fn lanes(n: usize) -> __mmask16 {
         debug_assert!(n <= 16);
         ((1u32 << n) - 1) as __mmask16
+    }
+
+    /// [`super::Avx512::pad_zeros`].
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F; `h, w > 0`, `x` holds whole `[h, w]` planes and `padded` as many
+    /// `[h + 2 * ph, w + 2 * pw]` planes, whose width is at most `PAD_MAX_WIDTH`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn pad_zeros(padded: &mut [f32], x: &[f32], [h, w]: [usize; 2], [ph, pw]: [usize; 2]) {
+        let (hn, wn) = (h + 2 * ph, w + 2 * pw);
+        let chunks = wn.div_ceil(16);
+        // Per 16-float chunk `k` of a padded row: the lanes inside the row (stored) and those
+        // on an input pixel, `pw <= 16 * k + l < pw + w` (loaded; the others are zeros).
+        let mut masks = [(0 as __mmask16, 0 as __mmask16); super::Avx512::PAD_MAX_WIDTH / 16];
+        for (k, m) in masks.iter_mut().enumerate().take(chunks) {
+            let lane_bits = |end: usize| lanes(end.saturating_sub(16 * k).min(16));
+            *m = (lanes((wn - 16 * k).min(16)), lane_bits(pw + w) & !lane_bits(pw));
+        }
+        let (d, sp) = (padded.as_mut_ptr(), x.as_ptr());
+        for c in 0..x.len() / (h * w) {
+            for r in 0..hn {
+                let row = d.wrapping_add((c * hn + r) * wn);
+                // Row `r`'s pixel `p` reads `src[p]` (its input row shifted by `pw`); padding
+                // rows read nothing.
+                let (src, on) = match r.checked_sub(ph).filter(|&i| i < h) {
+                    Some(i) => (sp.wrapping_add((c * h + i) * w).wrapping_sub(pw), true),
+                    None => (sp, false),
+                };
+                for (k, &(store, load)) in masks[..chunks].iter().enumerate() {
+                    let load = if on { load } else { 0 };
+                    // SAFETY: loaded lanes are pixels `16 * k + l - pw` of input row `i`,
+                    // inside `x`; stored lanes are `16 * k + l < wn` of padded row `r`, inside
+                    // `padded` (the caller's lengths). Masked-off lanes are not accessed.
+                    unsafe {
+                        let v = _mm512_maskz_loadu_ps(load, src.wrapping_add(16 * k));
+                        _mm512_mask_storeu_ps(row.wrapping_add(16 * k), store, v);
+                    }
+                }
+            }
+        }
     }
 
     /// `dst = src` (same length).
