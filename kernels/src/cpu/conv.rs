@@ -126,11 +126,23 @@ trait Rows: Copy {
     fn copy_row(self, dst: &mut [f32], src: &[f32]);
     /// `dst += src` (same length).
     fn add_row(self, dst: &mut [f32], src: &[f32]);
+    /// `dst[j] = src[j * stride]` for `j < dst.len()` (as far as `src` reaches).
+    fn copy_strided(self, dst: &mut [f32], src: &[f32], stride: usize) {
+        copy_strided_loop(dst, src, stride)
+    }
     /// `dst`'s rows of `width` floats = the rows of `src` that start `pitch` floats apart.
     fn copy_rows(self, dst: &mut [f32], src: &[f32], pitch: usize, width: usize) {
         for (r, row) in dst.chunks_exact_mut(width).enumerate() {
             self.copy_row(row, &src[r * pitch..][..width]);
         }
+    }
+}
+
+/// [`Rows::copy_strided`] one float at a time.
+#[inline(always)]
+fn copy_strided_loop(dst: &mut [f32], src: &[f32], stride: usize) {
+    for (d, &v) in dst.iter_mut().zip(src.iter().step_by(stride)) {
+        *d = v;
     }
 }
 
@@ -184,6 +196,16 @@ impl Rows for super::simd::Avx512 {
     #[inline(always)]
     fn copy_rows(self, dst: &mut [f32], src: &[f32], pitch: usize, width: usize) {
         super::simd::Avx512::copy_rows(self, dst, src, pitch, width)
+    }
+
+    /// Stride 2 (ResNet's downsampling layers) 16 floats at a time.
+    #[inline(always)]
+    fn copy_strided(self, dst: &mut [f32], src: &[f32], stride: usize) {
+        if stride == 2 && !dst.is_empty() && src.len() >= 2 * dst.len() - 1 {
+            super::simd::Avx512::copy_even(self, dst, src)
+        } else {
+            copy_strided_loop(dst, src, stride)
+        }
     }
 }
 
@@ -296,10 +318,7 @@ fn unfold_rows<R: Rows>(ops: R, s: &ConvShape, padded: &[f32], col: &mut [f32], 
                     continue;
                 }
                 for (oh, dst) in row.chunks_exact_mut(ow_n).enumerate() {
-                    let src = &plane[(oh * sh + kh) * pw_n + kw..];
-                    for (d, &v) in dst.iter_mut().zip(src.iter().step_by(sw)) {
-                        *d = v;
-                    }
+                    ops.copy_strided(dst, &plane[(oh * sh + kh) * pw_n + kw..], sw);
                 }
             }
         }
@@ -1813,6 +1832,26 @@ mod tests {
             false,
             &mut out,
         );
+    }
+
+    /// Strided copies (unfolding a stride-2 layer) by the AVX-512 permute are the portable
+    /// loop's, at every length up to three vectors and with `src` just long enough.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_strided_copies_are_the_portable_loops() {
+        let Some(cpu) = super::super::simd::Avx512::detect() else {
+            return;
+        };
+        for stride in [1, 2, 3] {
+            for n in 1..=48 {
+                let src: Vec<f32> = (0..(n - 1) * stride + 1).map(|i| i as f32 + 0.5).collect();
+                let (mut got, mut want) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+                Rows::copy_strided(cpu, &mut got, &src, stride);
+                Portable.copy_strided(&mut want, &src, stride);
+                assert_eq!(got, want, "stride {stride}, {n} floats");
+                assert!(want.iter().enumerate().all(|(j, &v)| v == src[j * stride]));
+            }
+        }
     }
 
     /// The AVX-512 zero padding writes the portable rows' bits, every float of the padded

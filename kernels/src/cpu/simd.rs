@@ -298,6 +298,21 @@ impl Avx512 {
         true
     }
 
+    /// `dst[j] = src[2 * j]` for `j < dst.len()`: 32 floats loaded, their even lanes
+    /// gathered by one permute, 16 stored.
+    ///
+    /// # Panics
+    /// If `dst` is empty or `src` shorter than `2 * dst.len() - 1`.
+    #[inline(always)]
+    pub(crate) fn copy_even(self, dst: &mut [f32], src: &[f32]) {
+        assert!(
+            !dst.is_empty() && src.len() >= 2 * dst.len() - 1,
+            "copy_even: src too short"
+        );
+        // SAFETY: `self` proves AVX-512F; the lengths are checked above.
+        unsafe { x86::copy_even(dst, src) }
+    }
+
     /// `dst = src` (same length) with masked 16-lane operations.
     #[inline(always)]
     pub(crate) fn copy_row(self, dst: &mut [f32], src: &[f32]) {
@@ -1205,6 +1220,33 @@ mod x86 {
     fn lanes(n: usize) -> __mmask16 {
         debug_assert!(n <= 16);
         ((1u32 << n) - 1) as __mmask16
+    }
+
+    /// [`super::Avx512::copy_even`].
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F; `dst` is not empty and `src` holds `2 * dst.len() - 1` floats.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(super) unsafe fn copy_even(dst: &mut [f32], src: &[f32]) {
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let (d, s, n) = (dst.as_mut_ptr(), src.as_ptr(), dst.len());
+        let mut j = 0;
+        while j < n {
+            let k = (n - j).min(16);
+            // Outputs `j..j + k` read `src[2 * j..2 * (j + k) - 1]`: the lanes under `lo` and
+            // `hi`.
+            let need = 2 * k - 1;
+            let (lo, hi) = (lanes(need.min(16)), lanes(need.saturating_sub(16)));
+            // SAFETY: loaded lanes lie below `2 * (j + k) - 1 <= 2 * n - 1 <= src.len()`,
+            // stored ones below `j + k <= n`; masked-off lanes are not accessed.
+            unsafe {
+                let a = _mm512_maskz_loadu_ps(lo, s.wrapping_add(2 * j));
+                let b = _mm512_maskz_loadu_ps(hi, s.wrapping_add(2 * j + 16));
+                _mm512_mask_storeu_ps(d.wrapping_add(j), lanes(k), _mm512_permutex2var_ps(a, even, b));
+            }
+            j += 16;
+        }
     }
 
     /// [`super::Avx512::pad_zeros`].
