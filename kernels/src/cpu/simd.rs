@@ -280,17 +280,20 @@ impl Avx512 {
         [h, w]: [usize; 2],
         [ph, pw]: [usize; 2],
     ) -> bool {
+        // Computed checked: sizes that overflow `usize` fail here instead of wrapping to a
+        // length that passes.
+        let area = h.checked_mul(w).filter(|&a| a > 0);
         assert!(
-            h > 0 && w > 0 && x.len() % (h * w) == 0,
+            area.is_some_and(|a| x.len() % a == 0),
             "pad_zeros: x is not whole planes"
         );
-        let (hn, wn) = (h + 2 * ph, w + 2 * pw);
-        assert_eq!(
-            padded.len(),
-            x.len() / (h * w) * hn * wn,
-            "pad_zeros: padded length"
-        );
-        if wn > Self::PAD_MAX_WIDTH {
+        let side = |n: usize, p: usize| p.checked_mul(2).and_then(|p2| p2.checked_add(n));
+        let (hn, wn) = (side(h, ph), side(w, pw));
+        let want = area
+            .zip(hn.zip(wn))
+            .and_then(|(a, (hn, wn))| (x.len() / a).checked_mul(hn)?.checked_mul(wn));
+        assert_eq!(Some(padded.len()), want, "pad_zeros: padded length");
+        if wn.is_none_or(|wn| wn > Self::PAD_MAX_WIDTH) {
             return false;
         }
         // SAFETY: `self` proves AVX-512F; the lengths are checked above.
@@ -674,6 +677,10 @@ fn direct_kernels_refuse_shapes_whose_bounds_overflow() {
             ahead: Ahead::default(),
         };
         cpu.shifted_conv(&conv, &mut [0.0; 4]);
+    });
+    // (2^63 + 1) padded rows of 2 floats wrap to 2 floats.
+    refused("pad_zeros: padded length", &|| {
+        cpu.pad_zeros(&mut [0.0; 2], &[1.0, 2.0], [1, 2], [1 << 62, 0]);
     });
 }
 
