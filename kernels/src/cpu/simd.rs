@@ -316,6 +316,39 @@ impl Avx512 {
         unsafe { x86::copy_even(dst, src) }
     }
 
+    /// Winograd F(2x2, 3x3)'s input transform across a row of tiles: with `t` the row's four
+    /// columns per tile overlapping by two (tile `k` reads `t[2k..2k + 4]` = `x0..x3`),
+    /// `outs` = `x0 - x2`, `x1 + x2`, `x2 - x1`, `x1 - x3` per tile, 16 tiles from two permutes
+    /// of 32 loaded floats each.
+    ///
+    /// # Panics
+    /// If the four outputs differ in length `n`, or `t` is shorter than `2 * n + 2`.
+    #[inline(always)]
+    pub(crate) fn winograd_input_cols(self, t: &[f32], outs: [&mut [f32]; 4]) {
+        let n = outs[0].len();
+        assert!(
+            outs.iter().all(|o| o.len() == n) && t.len() >= 2 * n + 2,
+            "winograd_input_cols: lengths"
+        );
+        // SAFETY: `self` proves AVX-512F; the lengths are checked above.
+        unsafe { x86::winograd_input_cols(t, outs) }
+    }
+
+    /// `row[2k] = a[k]` and `row[2k + 1] = b[k]` for every index inside `row`: 32 floats per
+    /// two permutes of 16 from each.
+    ///
+    /// # Panics
+    /// If `a` is shorter than `row.len().div_ceil(2)` or `b` than `row.len() / 2`.
+    #[inline(always)]
+    pub(crate) fn interleave(self, row: &mut [f32], a: &[f32], b: &[f32]) {
+        assert!(
+            a.len() >= row.len().div_ceil(2) && b.len() >= row.len() / 2,
+            "interleave: lengths"
+        );
+        // SAFETY: `self` proves AVX-512F; the lengths are checked above.
+        unsafe { x86::interleave(row, a, b) }
+    }
+
     /// `dst = src` (same length) with masked 16-lane operations.
     #[inline(always)]
     pub(crate) fn copy_row(self, dst: &mut [f32], src: &[f32]) {
@@ -1253,6 +1286,98 @@ mod x86 {
                 _mm512_mask_storeu_ps(d.wrapping_add(j), lanes(k), _mm512_permutex2var_ps(a, even, b));
             }
             j += 16;
+        }
+    }
+
+    /// [`super::Avx512::winograd_input_cols`].
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F; the four outputs hold `n` floats each and `t` at least `2 * n + 2`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(super) unsafe fn winograd_input_cols(t: &[f32], outs: [&mut [f32]; 4]) {
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        let n = outs[0].len();
+        let s = t.as_ptr();
+        let [o0, o1, o2, o3] = outs.map(|o| o.as_mut_ptr());
+        let mut j = 0;
+        while j < n {
+            let m = (n - j).min(16);
+            // Tiles `j..j + m` read `t[2j..2(j + m) + 2]`: x0, x1 from the first 2m floats,
+            // x2, x3 from those two further on.
+            // SAFETY: `pair` reads below `2(j + m) + 2 <= 2n + 2 <= t.len()`.
+            let ((a, b), (c, d)) =
+                unsafe { (pair(s, 2 * j, 2 * (j + m)), pair(s, 2 * j + 2, 2 * (j + m) + 2)) };
+            let (x0, x1) = (
+                _mm512_permutex2var_ps(a, even, b),
+                _mm512_permutex2var_ps(a, odd, b),
+            );
+            let (x2, x3) = (
+                _mm512_permutex2var_ps(c, even, d),
+                _mm512_permutex2var_ps(c, odd, d),
+            );
+            let store = lanes(m);
+            // SAFETY: lanes below `j + m <= n`, each output's length.
+            unsafe {
+                _mm512_mask_storeu_ps(o0.wrapping_add(j), store, _mm512_sub_ps(x0, x2));
+                _mm512_mask_storeu_ps(o1.wrapping_add(j), store, _mm512_add_ps(x1, x2));
+                _mm512_mask_storeu_ps(o2.wrapping_add(j), store, _mm512_sub_ps(x2, x1));
+                _mm512_mask_storeu_ps(o3.wrapping_add(j), store, _mm512_sub_ps(x1, x3));
+            }
+            j += 16;
+        }
+    }
+
+    /// [`super::Avx512::interleave`].
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F; `a` holds at least `row.len().div_ceil(2)` floats, `b`
+    /// `row.len() / 2`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(super) unsafe fn interleave(row: &mut [f32], a: &[f32], b: &[f32]) {
+        let low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+        let high = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+        let (d, n) = (row.as_mut_ptr(), row.len());
+        let mut j = 0;
+        while j < n {
+            // Outputs `j..j + m` take `a[j / 2..]` (ceil(m / 2) of them) and `b[j / 2..]`
+            // (floor(m / 2)); `j` is even.
+            let m = (n - j).min(32);
+            // SAFETY: loaded lanes lie below `(j + m).div_ceil(2) <= a.len()` and
+            // `(j + m) / 2 <= b.len()`, stored ones below `j + m <= n`; masked-off lanes are
+            // not accessed.
+            unsafe {
+                let va = _mm512_maskz_loadu_ps(lanes(m.div_ceil(2)), a.as_ptr().wrapping_add(j / 2));
+                let vb = _mm512_maskz_loadu_ps(lanes(m / 2), b.as_ptr().wrapping_add(j / 2));
+                let (lo, hi) = (
+                    _mm512_permutex2var_ps(va, low, vb),
+                    _mm512_permutex2var_ps(va, high, vb),
+                );
+                _mm512_mask_storeu_ps(d.wrapping_add(j), lanes(m.min(16)), lo);
+                _mm512_mask_storeu_ps(d.wrapping_add(j + 16), lanes(m.saturating_sub(16)), hi);
+            }
+            j += 32;
+        }
+    }
+
+    /// The floats `s[at..end]` (at most 32) as two vectors, zero from `end` on.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F; `s[at..end]` is readable and `end - at <= 32`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn pair(s: *const f32, at: usize, end: usize) -> (__m512, __m512) {
+        let need = end - at;
+        let (lo, hi) = (lanes(need.min(16)), lanes(need.saturating_sub(16)));
+        // SAFETY: the lanes loaded lie below `end` (the caller's bounds); masked-off lanes are
+        // not accessed.
+        unsafe {
+            (
+                _mm512_maskz_loadu_ps(lo, s.wrapping_add(at)),
+                _mm512_maskz_loadu_ps(hi, s.wrapping_add(at + 16)),
+            )
         }
     }
 

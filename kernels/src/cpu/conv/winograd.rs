@@ -187,12 +187,9 @@ pub(super) fn convolve(
             {
                 weights_times(u, co, ci, &v[..ci * tiles], &mut m[..co * tiles], tiles, false);
             }
-            transform_output(s, m, images, bias, out);
+            transform_output(s, m, images, bias, relu, out);
         })
     });
-    if relu {
-        relu_in_place(out);
-    }
 }
 
 /// Elements from one transformed plane `ξ` (`rows` channels of `tiles` tiles) to the next: the
@@ -211,32 +208,52 @@ fn pitch(rows: usize, tiles: usize) -> usize {
 #[inline(never)]
 fn transform_input(s: &ConvShape, x: Planes<'_>, images: usize, v: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::simd::Avx512::detect().is_some() {
+    if let Some(cpu) = crate::cpu::simd::Avx512::detect() {
         #[target_feature(enable = "avx512f")]
-        fn wide(s: &ConvShape, x: Planes<'_>, images: usize, v: &mut [f32]) {
-            transform_input_loops(s, x, images, v)
+        fn wide(cpu: crate::cpu::simd::Avx512, s: &ConvShape, x: Planes<'_>, images: usize, v: &mut [f32]) {
+            transform_input_loops(s, x, images, v, |t, outs| cpu.winograd_input_cols(t, outs))
         }
         // SAFETY: a function compiled for AVX-512F needs a CPU that runs it, which `detect`
         // checked.
-        return unsafe { wide(s, x, images, v) };
+        return unsafe { wide(cpu, s, x, images, v) };
     }
-    transform_input_loops(s, x, images, v)
+    transform_input_loops(s, x, images, v, input_cols)
+}
+
+/// [`Avx512::winograd_input_cols`](crate::cpu::simd::Avx512::winograd_input_cols)'s sums, one
+/// tile at a time.
+fn input_cols(t: &[f32], [v0, v1, v2, v3]: [&mut [f32]; 4]) {
+    for (k, (((v0, v1), v2), v3)) in v0.iter_mut().zip(v1).zip(v2).zip(v3).enumerate() {
+        let [x0, x1, x2, x3] = [t[2 * k], t[2 * k + 1], t[2 * k + 2], t[2 * k + 3]];
+        (*v0, *v1, *v2, *v3) = (x0 - x2, x1 + x2, x2 - x1, x1 - x3);
+    }
+}
+
+/// The four outputs at `at` (`len` floats) of the transformed planes `4 i..4 i + 4`, [`pitch`]
+/// `plane` apart.
+fn four_planes(v: &mut [f32], plane: usize, i: usize, at: usize, len: usize) -> [&mut [f32]; 4] {
+    let mut planes = v[4 * i * plane..].chunks_mut(plane);
+    std::array::from_fn(|_| &mut planes.next().expect("four planes")[at..][..len])
 }
 
 #[inline(always)]
-fn transform_input_loops(s: &ConvShape, x: Planes<'_>, images: usize, v: &mut [f32]) {
+fn transform_input_loops(
+    s: &ConvShape,
+    x: Planes<'_>,
+    images: usize,
+    v: &mut [f32],
+    cols: impl Fn(&[f32], [&mut [f32]; 4]),
+) {
     let (h, w) = (s.in_h, s.in_w);
     let (th, tw) = tiles(s);
     let (ci, tiles) = (s.in_channels, images * th * tw);
     let v_pitch = pitch(ci, tiles);
     let zeros = vec![0.0f32; w];
     // Per tile row: Bᵀ d down the columns gives four rows t_i over the padded columns (padded
-    // column p is input column p - 1; columns 0 and w + 1.. stay zero); e_i and o_i are their
-    // even and odd padded columns, so that the 4x4 tile at tile column k reads e_i[k], o_i[k],
-    // e_i[k + 1], o_i[k + 1]. Every loop runs over contiguous slices, so it vectorises.
+    // column p is input column p - 1; columns 0 and w + 1.. stay zero); the 4x4 tile at tile
+    // column k reads t_i[2k..2k + 4], and `cols` combines those across.
     let padded = 2 * tw + 2;
     let mut t = vec![0.0f32; padded];
-    let mut eo = vec![0.0f32; 8 * (tw + 1)];
     for j in 0..images {
         for c in 0..ci {
             let plane = &x.data[j * x.image + c * x.channel..][..h * w];
@@ -265,52 +282,71 @@ fn transform_input_loops(s: &ConvShape, x: Planes<'_>, images: usize, v: &mut [f
                         1 => pairs.for_each(|(t, (a, b))| *t = a + b),
                         _ => pairs.for_each(|(t, (a, b))| *t = b - a),
                     }
-                    let (e, o) = eo[i * 2 * (tw + 1)..][..2 * (tw + 1)].split_at_mut(tw + 1);
-                    for ((e, o), p) in e.iter_mut().zip(o.iter_mut()).zip(t.chunks_exact(2)) {
-                        *e = p[0];
-                        *o = p[1];
-                    }
                     // The same combinations across: v_i0 = X0 - X2, v_i1 = X1 + X2,
-                    // v_i2 = X2 - X1, v_i3 = X1 - X3 with X0..X3 = e[k], o[k], e[k + 1], o[k + 1].
-                    let (e, o) = (&e[..], &o[..]);
-                    for (xi, op) in (4 * i..4 * i + 4).zip(0..4) {
-                        let out = &mut v[xi * v_pitch + c * tiles + first..][..tw];
-                        let (a, b) = match op {
-                            0 => (&e[..tw], &e[1..]),
-                            1 | 2 => (&o[..tw], &e[1..]),
-                            _ => (&o[..tw], &o[1..]),
-                        };
-                        let pairs = out.iter_mut().zip(a.iter().zip(b));
-                        match op {
-                            0 | 3 => pairs.for_each(|(d, (a, b))| *d = a - b),
-                            1 => pairs.for_each(|(d, (a, b))| *d = a + b),
-                            _ => pairs.for_each(|(d, (a, b))| *d = b - a),
-                        }
-                    }
+                    // v_i2 = X2 - X1, v_i3 = X1 - X3 with X0..X3 = t[2k..2k + 4].
+                    cols(&t, four_planes(v, v_pitch, i, c * tiles + first, tw));
                 }
             }
         }
     }
 }
 
-/// `Y = Aᵀ M A` of every tile, plus the bias, into `out` (NCHW, the 2x2 outputs that fall
+/// `Y = Aᵀ M A` of every tile, plus the bias, then `max(Y, 0)` when `relu`, into `out` (NCHW, the 2x2 outputs that fall
 /// inside the image).
 #[inline(never)]
-fn transform_output(s: &ConvShape, m: &[f32], images: usize, bias: Option<&[f32]>, out: &mut [f32]) {
+fn transform_output(
+    s: &ConvShape,
+    m: &[f32],
+    images: usize,
+    bias: Option<&[f32]>,
+    relu: bool,
+    out: &mut [f32],
+) {
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::simd::Avx512::detect().is_some() {
+    if let Some(cpu) = crate::cpu::simd::Avx512::detect() {
         #[target_feature(enable = "avx512f")]
-        fn wide(s: &ConvShape, m: &[f32], images: usize, bias: Option<&[f32]>, out: &mut [f32]) {
-            transform_output_loops(s, m, images, bias, out)
+        fn wide(
+            cpu: crate::cpu::simd::Avx512,
+            s: &ConvShape,
+            m: &[f32],
+            images: usize,
+            bias: Option<&[f32]>,
+            relu: bool,
+            out: &mut [f32],
+        ) {
+            transform_output_loops(s, m, images, bias, relu, out, |row, a, b| {
+                cpu.interleave(row, a, b)
+            })
         }
         // SAFETY: as in `transform_input`.
-        return unsafe { wide(s, m, images, bias, out) };
+        return unsafe { wide(cpu, s, m, images, bias, relu, out) };
     }
-    transform_output_loops(s, m, images, bias, out)
+    transform_output_loops(s, m, images, bias, relu, out, interleave)
+}
+
+/// [`Avx512::interleave`](crate::cpu::simd::Avx512::interleave) one pair at a time:
+/// `row[2k] = a[k]`, `row[2k + 1] = b[k]`.
+fn interleave(row: &mut [f32], a: &[f32], b: &[f32]) {
+    let (pairs, last) = row.split_at_mut(row.len() / 2 * 2);
+    for ((p, &a), &b) in pairs.chunks_exact_mut(2).zip(a).zip(b) {
+        p[0] = a;
+        p[1] = b;
+    }
+    if let Some(l) = last.first_mut() {
+        *l = a[pairs.len() / 2];
+    }
 }
 
 #[inline(always)]
-fn transform_output_loops(s: &ConvShape, m: &[f32], images: usize, bias: Option<&[f32]>, out: &mut [f32]) {
+fn transform_output_loops(
+    s: &ConvShape,
+    m: &[f32],
+    images: usize,
+    bias: Option<&[f32]>,
+    relu: bool,
+    out: &mut [f32],
+    rows_of: impl Fn(&mut [f32], &[f32], &[f32]),
+) {
     let (h, w) = (s.in_h, s.in_w);
     let (th, tw) = tiles(s);
     let (co, tiles) = (s.out_channels, images * th * tw);
@@ -344,6 +380,9 @@ fn transform_output_loops(s: &ConvShape, m: &[f32], images: usize, bias: Option<
                         y1[k] = c1[k] - c2[k] - c3[k] + b;
                     }
                 }
+                if relu {
+                    relu_in_place(&mut y);
+                }
                 // Interleave into the (up to) two output rows.
                 for a in 0..2 {
                     let oh = 2 * ty + a;
@@ -351,15 +390,7 @@ fn transform_output_loops(s: &ConvShape, m: &[f32], images: usize, bias: Option<
                         break;
                     }
                     let (y0, y1) = y[a * 2 * tw..][..2 * tw].split_at(tw);
-                    let row = &mut dst[oh * w..][..w];
-                    let (pairs, last) = row.split_at_mut(w / 2 * 2);
-                    for ((p, &a0), &a1) in pairs.chunks_exact_mut(2).zip(y0.iter()).zip(y1.iter()) {
-                        p[0] = a0;
-                        p[1] = a1;
-                    }
-                    if let Some(l) = last.first_mut() {
-                        *l = y0[tw - 1];
-                    }
+                    rows_of(&mut dst[oh * w..][..w], y0, y1);
                 }
             }
         }
@@ -382,6 +413,44 @@ mod tests {
                 assert_eq!(sets.len(), XI, "{rows} x {tiles}");
                 assert!(p >= rows * tiles && p < rows * tiles + 32, "{rows} x {tiles}");
             }
+        }
+    }
+
+    /// The AVX-512 input columns are the portable ones bit for bit, for rows of 1 to 40 tiles
+    /// (past one and two vectors, with the row just long enough), and write nothing past them.
+    #[test]
+    fn avx512_input_columns_are_the_portable_ones() {
+        let Some(cpu) = crate::cpu::simd::Avx512::detect() else {
+            return;
+        };
+        for n in 1..=40 {
+            let t: Vec<f32> = (0..2 * n + 2)
+                .map(|i| ((i * 7919) % 1013) as f32 / 97.0 - 5.0)
+                .collect();
+            let (mut want, mut got) = (vec![f32::NAN; 4 * (n + 1)], vec![f32::NAN; 4 * (n + 1)]);
+            input_cols(&t, four_planes(&mut want, n + 1, 0, 0, n));
+            cpu.winograd_input_cols(&t, four_planes(&mut got, n + 1, 0, 0, n));
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{n} tiles");
+        }
+    }
+
+    /// The AVX-512 interleave is the portable one bit for bit, for output rows of 1 to 70
+    /// floats (odd and even, past one and two vectors) from halves just long enough, and writes
+    /// nothing past the row.
+    #[test]
+    fn avx512_interleave_is_the_portable_one() {
+        let Some(cpu) = crate::cpu::simd::Avx512::detect() else {
+            return;
+        };
+        for n in 1..=70usize {
+            let a: Vec<f32> = (0..n.div_ceil(2)).map(|i| i as f32 + 0.25).collect();
+            let b: Vec<f32> = (0..n / 2).map(|i| -(i as f32) - 0.5).collect();
+            let (mut want, mut got) = (vec![f32::NAN; n + 1], vec![f32::NAN; n + 1]);
+            interleave(&mut want[..n], &a, &b);
+            cpu.interleave(&mut got[..n], &a, &b);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{n} floats");
         }
     }
 
