@@ -136,6 +136,12 @@ trait Rows: Copy {
             self.copy_row(row, &src[r * pitch..][..width]);
         }
     }
+    /// The `[h, w]` planes of `x` zero-padded by `pad` into `padded`'s planes, whole, when
+    /// these operations have a kernel for it (`true`); else nothing is written and the row
+    /// loop of [`pad_image_rows`] does it.
+    fn pad_zeros(self, _padded: &mut [f32], _x: &[f32], _size: [usize; 2], _pad: [usize; 2]) -> bool {
+        false
+    }
 }
 
 /// [`Rows::copy_strided`] one float at a time.
@@ -198,6 +204,13 @@ impl Rows for super::simd::Avx512 {
         super::simd::Avx512::copy_rows(self, dst, src, pitch, width)
     }
 
+    /// Each padded row by whole 16-lane masked loads and stores, up to
+    /// [`PAD_MAX_WIDTH`](super::simd::Avx512::PAD_MAX_WIDTH) floats wide.
+    #[inline(always)]
+    fn pad_zeros(self, padded: &mut [f32], x: &[f32], size: [usize; 2], pad: [usize; 2]) -> bool {
+        super::simd::Avx512::pad_zeros(self, padded, x, size, pad)
+    }
+
     /// Stride 2 (ResNet's downsampling layers) 16 floats at a time.
     #[inline(always)]
     fn copy_strided(self, dst: &mut [f32], src: &[f32], stride: usize) {
@@ -254,23 +267,21 @@ fn im2col_pitched(s: &ConvShape, x: &[f32], col: &mut [f32], pitch: usize) {
 /// ph, in_w + 2 * pw]`: zeros or copies of the border.
 #[inline(never)]
 fn pad_image(s: &ConvShape, x: &[f32], padded: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if s.mode == PadMode::Zeros {
-        if let Some(cpu) = super::simd::Avx512::detect() {
-            let ((ph_n, pw_n), area) = (padded_size(s), s.in_h * s.in_w);
-            let planes = x.len() / area.max(1);
-            let (x, padded) = (&x[..planes * area], &mut padded[..planes * ph_n * pw_n]);
-            if cpu.pad_zeros(padded, x, [s.in_h, s.in_w], s.padding) {
-                return;
-            }
-        }
-    }
     dispatch_wide!(pad_image_rows(s: &ConvShape, x: &[f32], padded: &mut [f32]))
 }
 
 #[inline(always)]
 fn pad_image_rows<R: Rows>(ops: R, s: &ConvShape, x: &[f32], padded: &mut [f32]) {
     let (ph_n, pw_n) = padded_size(s);
+    if s.mode == PadMode::Zeros {
+        // The whole planes that both hold, as the row loop below takes them.
+        let area = s.in_h * s.in_w;
+        let planes = (x.len() / area.max(1)).min(padded.len() / (ph_n * pw_n).max(1));
+        let (x, padded) = (&x[..planes * area], &mut padded[..planes * ph_n * pw_n]);
+        if ops.pad_zeros(padded, x, [s.in_h, s.in_w], s.padding) {
+            return;
+        }
+    }
     for (plane, dst) in x
         .chunks_exact(s.in_h * s.in_w)
         .zip(padded.chunks_exact_mut(ph_n * pw_n))
