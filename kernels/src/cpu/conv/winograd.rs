@@ -291,8 +291,8 @@ fn transform_input_loops(
     }
 }
 
-/// `Y = Aᵀ M A` of every tile, plus the bias, then `max(Y, 0)` when `relu`, into `out` (NCHW, the 2x2 outputs that fall
-/// inside the image).
+/// `Y = Aᵀ M A` of every tile, plus the bias, then `max(Y, 0)` when `relu`, into `out` (NCHW,
+/// the 2x2 outputs that fall inside the image).
 #[inline(never)]
 fn transform_output(
     s: &ConvShape,
