@@ -1274,15 +1274,11 @@ mod x86 {
         let mut j = 0;
         while j < n {
             let k = (n - j).min(16);
-            // Outputs `j..j + k` read `src[2 * j..2 * (j + k) - 1]`: the lanes under `lo` and
-            // `hi`.
-            let need = 2 * k - 1;
-            let (lo, hi) = (lanes(need.min(16)), lanes(need.saturating_sub(16)));
-            // SAFETY: loaded lanes lie below `2 * (j + k) - 1 <= 2 * n - 1 <= src.len()`,
-            // stored ones below `j + k <= n`; masked-off lanes are not accessed.
+            // Outputs `j..j + k` read `src[2 * j..2 * (j + k) - 1]`.
+            // SAFETY: loaded lanes lie below `2 * (j + k) - 1 <= 2 * n - 1 <= src.len()`
+            // (`pair`), stored ones below `j + k <= n`; masked-off lanes are not accessed.
             unsafe {
-                let a = _mm512_maskz_loadu_ps(lo, s.wrapping_add(2 * j));
-                let b = _mm512_maskz_loadu_ps(hi, s.wrapping_add(2 * j + 16));
+                let (a, b) = pair(s, 2 * j, 2 * (j + k) - 1);
                 _mm512_mask_storeu_ps(d.wrapping_add(j), lanes(k), _mm512_permutex2var_ps(a, even, b));
             }
             j += 16;
