@@ -530,7 +530,9 @@ fn conv_weight_gradient_by_direct_kernel_matches_burn() {
 
 /// 3x3 convolutions with stride 1 and one pixel of zero padding where conv.rs takes
 /// Winograd's F(2x2, 3x3) (`winograd::applies`: 64 channels and 8 pixels a side up, or for the
-/// input gradient 256 channels at any size): odd and even heights and widths (the last tile row
+/// input gradient 256 channels at any size; the weight gradient on the forward's sizes, its
+/// sums over calls and thread groups added in the transformed domain): odd and even heights and
+/// widths (the last tile row
 /// or column half outside the image), channel counts off the GEMM's blocks, one image and
 /// batches that fill several calls with a shorter last one, with and without the fused ReLU (its
 /// gradient masked before the transform), ResNet-18's stages (stage 4's 4x4 images: where

@@ -334,6 +334,31 @@ impl Avx512 {
         unsafe { x86::winograd_input_cols(t, outs) }
     }
 
+    /// Winograd F(2x2, 3x3)'s output-gradient transform `D = A dy Aᵀ` of one row of tiles: `a`
+    /// and `b` are the tile row's two image rows (`b` `None` below the image: zeros), tile `k`
+    /// covers columns `2k` and `2k + 1` (zero past the row), and `D[ξ]` of tile `k` goes to
+    /// `out[ξ * pitch + k]` for `k < tw = ceil(a.len() / 2)`. Down: `a`, `a + b`, `a - b`,
+    /// `0 - b`; then across each of those (`e`, `o` its two columns) `e`, `e + o`, `e - o`,
+    /// `0 - o`: 16 tiles at a time from two loads and two permutes per row, in registers.
+    ///
+    /// # Panics
+    /// If `b` is not `a`'s length, `tw > pitch`, or `out` is shorter than `15 * pitch + tw`.
+    #[inline(always)]
+    pub(crate) fn winograd_grad_row(self, a: &[f32], b: Option<&[f32]>, out: &mut [f32], pitch: usize) {
+        let tw = a.len().div_ceil(2);
+        assert!(
+            b.is_none_or(|b| b.len() == a.len())
+                && tw <= pitch
+                && pitch
+                    .checked_mul(15)
+                    .and_then(|p| p.checked_add(tw))
+                    .is_some_and(|n| n <= out.len()),
+            "winograd_grad_row: lengths"
+        );
+        // SAFETY: `self` proves AVX-512F; the lengths are checked above.
+        unsafe { x86::winograd_grad_row(a, b, out, pitch) }
+    }
+
     /// `row[2k] = a[k]` and `row[2k + 1] = b[k]` for every index inside `row`: 32 floats per
     /// two permutes of 16 from each.
     ///
@@ -1320,6 +1345,55 @@ mod x86 {
                 _mm512_mask_storeu_ps(o1.wrapping_add(j), store, _mm512_add_ps(x1, x2));
                 _mm512_mask_storeu_ps(o2.wrapping_add(j), store, _mm512_sub_ps(x2, x1));
                 _mm512_mask_storeu_ps(o3.wrapping_add(j), store, _mm512_sub_ps(x1, x3));
+            }
+            j += 16;
+        }
+    }
+
+    /// [`super::Avx512::winograd_grad_row`].
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F; `b` (when given) is `a`'s length, and `out` holds at least
+    /// `15 * pitch + ceil(a.len() / 2)` floats with `ceil(a.len() / 2) <= pitch`.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub(super) unsafe fn winograd_grad_row(a: &[f32], b: Option<&[f32]>, out: &mut [f32], pitch: usize) {
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        let (w, tw) = (a.len(), a.len().div_ceil(2));
+        let d = out.as_mut_ptr();
+        let zero = _mm512_setzero_ps();
+        let mut j = 0;
+        while j < tw {
+            let m = (tw - j).min(16);
+            // Tiles `j..j + m` read columns `2j..min(2(j + m), w)`.
+            let end = (2 * (j + m)).min(w);
+            // SAFETY: `pair` reads below `end <= w`, the rows' length.
+            let split = |row: &[f32]| {
+                let (lo, hi) = unsafe { pair(row.as_ptr(), 2 * j, end) };
+                (
+                    _mm512_permutex2var_ps(lo, even, hi),
+                    _mm512_permutex2var_ps(lo, odd, hi),
+                )
+            };
+            let (ae, ao) = split(a);
+            let (be, bo) = b.map_or((zero, zero), split);
+            let rows = [
+                (ae, ao),
+                (_mm512_add_ps(ae, be), _mm512_add_ps(ao, bo)),
+                (_mm512_sub_ps(ae, be), _mm512_sub_ps(ao, bo)),
+                (_mm512_sub_ps(zero, be), _mm512_sub_ps(zero, bo)),
+            ];
+            let store = lanes(m);
+            for (i, (e, o)) in rows.into_iter().enumerate() {
+                let at = d.wrapping_add(4 * i * pitch + j);
+                // SAFETY: lanes `j..j + m` of planes `4i..4i + 4`: below `15 * pitch + tw`.
+                unsafe {
+                    _mm512_mask_storeu_ps(at, store, e);
+                    _mm512_mask_storeu_ps(at.wrapping_add(pitch), store, _mm512_add_ps(e, o));
+                    _mm512_mask_storeu_ps(at.wrapping_add(2 * pitch), store, _mm512_sub_ps(e, o));
+                    _mm512_mask_storeu_ps(at.wrapping_add(3 * pitch), store, _mm512_sub_ps(zero, o));
+                }
             }
             j += 16;
         }

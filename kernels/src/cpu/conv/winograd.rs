@@ -17,6 +17,10 @@
 //! input's and kernel's own scale, so the error stays within a small multiple of the direct
 //! sum's (checked against f64 in the tests).
 //!
+//! The weight gradient ([`weight_grad`]) sums `(A dY Aᵀ) ⊙ V` over the tiles in the same
+//! transformed domain, 16 GEMMs of `out x in` over the tiles, and turns the sums into the 3x3
+//! kernel's gradient once per backward, `Gᵀ M G` in f64.
+//!
 //! F(4x4, 3x3) (6x6 tiles, 36 GEMMs per 16 outputs: 4x fewer multiply-adds than the direct sum) was
 //! built and measured (divan `conv2d_fwd`, batch 64, one thread, Intel Xeon with AVX-512): 64x32x32
 //! 36.6 -> 31.6 ms, 128x16x16 31.4 -> 22.9, 256x8x8 30.7 -> 21.6, with its transforms over all of a
@@ -57,7 +61,9 @@ const XI: usize = 16;
 /// | 512x4x4   -> 512    | 29.5 → 36.8   | 85.1 → 37.5    |
 ///
 /// Hence: at least [`MIN_CHANNELS`] on both sides and an output of at least [`MIN_SIDE`]
-/// pixels a side, or, for the input gradient, at least [`MIN_CHANNELS_ANY_SIDE`] channels.
+/// pixels a side, or, for the input gradient, at least [`MIN_CHANNELS_ANY_SIDE`] channels. The
+/// weight gradient takes the forward's bounds where no direct kernel computes it (measured on
+/// ResNet-18's 64x32x32 to 256x8x8 layers, 8-24% faster than im2col; not on smaller ones).
 const MIN_CHANNELS: usize = 64;
 const MIN_SIDE: usize = 8;
 const MIN_CHANNELS_ANY_SIDE: usize = 256;
@@ -69,12 +75,14 @@ const TILES_PER_CALL: usize = 512;
 /// thread's scratch buffers are kept between steps, so this bounds what they hold.
 const MAX_SCRATCH_BYTES: usize = 4 << 20;
 
-/// Which pass a convolution computes: the forward, or the input gradient as the forward of the
-/// transposed shape.
+/// Which pass a convolution computes: the forward, the input gradient as the forward of the
+/// transposed shape, or the weight gradient ([`weight_grad`], on the same shapes as the
+/// forward).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Pass {
     Forward,
     InputGradient,
+    WeightGradient,
 }
 
 /// Whether Winograd F(2x2, 3x3) computes `s` in `pass`: a 3x3 kernel, stride 1, one pixel of
@@ -230,10 +238,14 @@ fn input_cols(t: &[f32], [v0, v1, v2, v3]: [&mut [f32]; 4]) {
 }
 
 /// The four outputs at `at` (`len` floats) of the transformed planes `4 i..4 i + 4`, [`pitch`]
-/// `plane` apart.
+/// `plane` apart (split off in place: built by `array::from_fn`, the slices were a call of
+/// their own per row, 6% of the weight gradient's time).
+#[inline(always)]
 fn four_planes(v: &mut [f32], plane: usize, i: usize, at: usize, len: usize) -> [&mut [f32]; 4] {
-    let mut planes = v[4 * i * plane..].chunks_mut(plane);
-    std::array::from_fn(|_| &mut planes.next().expect("four planes")[at..][..len])
+    let (p0, rest) = v[4 * i * plane..].split_at_mut(plane);
+    let (p1, rest) = rest.split_at_mut(plane);
+    let (p2, p3) = rest.split_at_mut(plane);
+    [p0, p1, p2, p3].map(|p| &mut p[at..][..len])
 }
 
 #[inline(always)]
@@ -397,6 +409,199 @@ fn transform_output_loops(
     }
 }
 
+/// Elements of the transformed weight gradient [`weight_grad`] sums into: 16 planes of
+/// `in_channels x out_channels`.
+pub(super) fn transformed_len(out_channels: usize, in_channels: usize) -> usize {
+    XI * out_channels * in_channels
+}
+
+/// The weight gradient's sums in the transformed domain, `m[ξ][c][o]` (+)= `Σ_tiles
+/// (A dy Aᵀ)[ξ][tile][o] (Bᵀ x B)[ξ][c][tile]` over `images` images, added onto `m` when
+/// `accumulate`, else overwriting it; [`weights_from_transformed`] turns the sums into the
+/// gradient, `Gᵀ m G`.
+///
+/// The forward's tile is `Y = Aᵀ [U ⊙ V] A` with `U = G g Gᵀ`, so a tile's contribution to the
+/// kernel's gradient is `Gᵀ [(A dY Aᵀ) ⊙ V] G`: exactly the direct sum's (the forward being exact
+/// for any kernel), with 16 multiply-adds per tile and channel pair instead of 36 (four outputs
+/// of 9 taps). The output gradient is zero outside the image, the input zero in the padding.
+/// `A dy Aᵀ` is stored tile-major with the output channels contiguous ([`transform_grad`]), so
+/// that each GEMM reads its left operand column by column and only packs the transformed input;
+/// with both operands along the tiles, the GEMM's packing gathered across 64+ rows and the
+/// weight gradient measured slower than im2col's.
+///
+/// # Shapes
+/// - `x`: the input planes of `s` (`in_channels` of `in_h x in_w`), `dy`: the output gradient's
+///   (`out_channels` planes of the same size)
+/// - `m`: [`transformed_len`]
+pub(super) fn weight_grad(
+    s: &ConvShape,
+    x: Planes<'_>,
+    dy: Planes<'_>,
+    images: usize,
+    m: &mut [f32],
+    accumulate: bool,
+) {
+    let (th, tw) = tiles(s);
+    let tiles = images * th * tw;
+    let (ci, co, plane) = (s.in_channels, s.out_channels, s.in_h * s.in_w);
+    assert_eq!(
+        m.len(),
+        transformed_len(co, ci),
+        "winograd: weight gradient length"
+    );
+    if images > 0 {
+        let last =
+            |p: &Planes<'_>, channels: usize| (images - 1) * p.image + (channels - 1) * p.channel + plane;
+        assert!(x.data.len() >= last(&x, ci), "winograd: input too short");
+        assert!(
+            dy.data.len() >= last(&dy, co),
+            "winograd: output gradient too short"
+        );
+    }
+    let (v_pitch, d_pitch) = (pitch(ci, tiles), pitch(co, tiles));
+    with_scratch(0, XI * v_pitch, |v| {
+        transform_input(s, x, images, v);
+        with_scratch(1, XI * d_pitch, |d| {
+            transform_grad(s, dy, images, d);
+            for (m, (v, d)) in m
+                .chunks_exact_mut(co * ci)
+                .zip(v.chunks_exact(v_pitch).zip(d.chunks_exact(d_pitch)))
+            {
+                crate::cpu::gemm(crate::cpu::Gemm {
+                    m: co,
+                    n: ci,
+                    k: tiles,
+                    dst: m,
+                    dst_rs: 1,
+                    dst_cs: co,
+                    accumulate,
+                    lhs: &d[..co * tiles],
+                    lhs_rs: 1,
+                    lhs_cs: co,
+                    rhs: &v[..ci * tiles],
+                    rhs_rs: 1,
+                    rhs_cs: tiles,
+                })
+            }
+        })
+    });
+}
+
+/// `dw[o][c][t]` = `(Gᵀ m G)` of the transformed sums `m[ξ][c][o]` ([`weight_grad`]), each
+/// computed in f64 and rounded once. The output channels run innermost, so that the 16 planes
+/// are each read in order (read per weight, they were 16 lines 4 * in * out bytes apart: a
+/// tenth of a 64-channel layer's weight gradient).
+pub(super) fn weights_from_transformed(out_channels: usize, in_channels: usize, m: &[f32], dw: &mut [f32]) {
+    let plane = out_channels * in_channels;
+    assert_eq!(m.len(), XI * plane, "winograd: transformed gradient length");
+    assert_eq!(dw.len(), 9 * plane, "winograd: weight gradient length");
+    for c in 0..in_channels {
+        for o in 0..out_channels {
+            let at = |xi: usize| f64::from(m[xi * plane + c * out_channels + o]);
+            // mg = m G, [4, 3], with G's rows (1, 0, 0), (½, ½, ½), (½, -½, ½), (0, 0, 1).
+            let mut mg = [[0.0f64; 3]; 4];
+            for (i, mg) in mg.iter_mut().enumerate() {
+                let [m0, m1, m2, m3] = [at(4 * i), at(4 * i + 1), at(4 * i + 2), at(4 * i + 3)];
+                *mg = [
+                    m0 + 0.5 * m1 + 0.5 * m2,
+                    0.5 * m1 - 0.5 * m2,
+                    0.5 * m1 + 0.5 * m2 + m3,
+                ];
+            }
+            // Gᵀ mg, [3, 3].
+            let dw = &mut dw[(o * in_channels + c) * 9..][..9];
+            for l in 0..3 {
+                let [a, b, c, d] = [mg[0][l], mg[1][l], mg[2][l], mg[3][l]];
+                dw[l] = (a + 0.5 * b + 0.5 * c) as f32;
+                dw[3 + l] = (0.5 * b - 0.5 * c) as f32;
+                dw[6 + l] = (0.5 * b + 0.5 * c + d) as f32;
+            }
+        }
+    }
+}
+
+/// `D = A dy Aᵀ` of every tile's 2x2 output gradient (zero outside the image), into
+/// `d[ξ][tile][o]` (planes `ξ` [`pitch`] apart; tiles numbered as in [`transform_input`]): per
+/// tile row, every channel's row of tiles into `rows[ξ][o][k]`, then each plane transposed.
+#[inline(never)]
+fn transform_grad(s: &ConvShape, dy: Planes<'_>, images: usize, d: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(cpu) = crate::cpu::simd::Avx512::detect() {
+        #[target_feature(enable = "avx512f")]
+        fn wide(cpu: crate::cpu::simd::Avx512, s: &ConvShape, dy: Planes<'_>, images: usize, d: &mut [f32]) {
+            let to_pixels = |rows: &[f32], tw: usize, co: usize, d: &mut [f32]| {
+                if co % 16 == 0 {
+                    cpu.planes_to_pixels(rows, tw, co, d)
+                } else {
+                    crate::cpu::transpose(rows, co, tw, d)
+                }
+            };
+            let row = |a: &[f32], b: Option<&[f32]>, out: &mut [f32], pitch: usize| {
+                cpu.winograd_grad_row(a, b, out, pitch)
+            };
+            transform_grad_loops(s, dy, images, d, row, to_pixels)
+        }
+        // SAFETY: as in `transform_input`.
+        return unsafe { wide(cpu, s, dy, images, d) };
+    }
+    transform_grad_loops(s, dy, images, d, grad_row, |rows, tw, co, d| {
+        crate::cpu::transpose(rows, co, tw, d)
+    })
+}
+
+/// [`Avx512::winograd_grad_row`](crate::cpu::simd::Avx512::winograd_grad_row)'s sums, the
+/// same operations in the same order, one tile at a time (`0 - b` and `0 - o` as there, so
+/// that a zero's sign is the same).
+fn grad_row(a: &[f32], b: Option<&[f32]>, out: &mut [f32], pitch: usize) {
+    let w = a.len();
+    let col = |row: &[f32], c: usize| row.get(c).copied().unwrap_or(0.0);
+    for k in 0..w.div_ceil(2) {
+        let (ae, ao) = (col(a, 2 * k), col(a, 2 * k + 1));
+        let (be, bo) = b.map_or((0.0, 0.0), |b| (col(b, 2 * k), col(b, 2 * k + 1)));
+        let rows = [
+            (ae, ao),
+            (ae + be, ao + bo),
+            (ae - be, ao - bo),
+            (0.0 - be, 0.0 - bo),
+        ];
+        for (i, (e, o)) in rows.into_iter().enumerate() {
+            for (c, v) in [e, e + o, e - o, 0.0 - o].into_iter().enumerate() {
+                out[(4 * i + c) * pitch + k] = v;
+            }
+        }
+    }
+}
+
+#[inline(always)]
+fn transform_grad_loops(
+    s: &ConvShape,
+    dy: Planes<'_>,
+    images: usize,
+    d: &mut [f32],
+    row: impl Fn(&[f32], Option<&[f32]>, &mut [f32], usize),
+    to_pixels: impl Fn(&[f32], usize, usize, &mut [f32]),
+) {
+    let (h, w) = (s.in_h, s.in_w);
+    let (th, tw) = tiles(s);
+    let (co, tiles) = (s.out_channels, images * th * tw);
+    let d_pitch = pitch(co, tiles);
+    let mut rows = vec![0.0f32; XI * co * tw];
+    for j in 0..images {
+        for ty in 0..th {
+            let first = (j * th + ty) * tw;
+            for o in 0..co {
+                let plane = &dy.data[j * dy.image + o * dy.channel..][..h * w];
+                let a = &plane[2 * ty * w..][..w];
+                let b = plane.get((2 * ty + 1) * w..(2 * ty + 2) * w);
+                row(a, b, &mut rows[o * tw..], co * tw);
+            }
+            for (xi, rows) in rows.chunks_exact(co * tw).enumerate() {
+                to_pixels(rows, tw, co, &mut d[xi * d_pitch + first * co..][..tw * co]);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -435,6 +640,43 @@ mod tests {
         }
     }
 
+    /// The AVX-512 output-gradient tile row is the portable one bit for bit (zeros' signs
+    /// included), for rows of 1 to 70 columns (odd ones end in a half tile), with and without a
+    /// second row, and writes nothing outside its 16 planes' tiles.
+    #[test]
+    fn avx512_grad_row_is_the_portable_one() {
+        let Some(cpu) = crate::cpu::simd::Avx512::detect() else {
+            return;
+        };
+        for w in 1..=70usize {
+            let tw = w.div_ceil(2);
+            let row = |seed: usize| -> Vec<f32> {
+                (0..w)
+                    .map(|i| {
+                        if (i + seed) % 5 == 3 {
+                            0.0
+                        } else {
+                            ((i * 7919 + seed) % 1013) as f32 / 97.0 - 5.0
+                        }
+                    })
+                    .collect()
+            };
+            let (a, b) = (row(1), row(2));
+            for b in [Some(&b[..]), None] {
+                let pitch = tw + 3;
+                let (mut want, mut got) = (vec![f32::NAN; 16 * pitch], vec![f32::NAN; 16 * pitch]);
+                grad_row(&a, b, &mut want, pitch);
+                cpu.winograd_grad_row(&a, b, &mut got, pitch);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{w} columns, second row {}", b.is_some());
+                assert!(
+                    want.chunks(pitch).all(|p| p[tw..].iter().all(|v| v.is_nan())),
+                    "{w}"
+                );
+            }
+        }
+    }
+
     /// The AVX-512 interleave is the portable one bit for bit, for output rows of 1 to 70
     /// floats (odd and even, past one and two vectors) from halves just long enough, and writes
     /// nothing past the row.
@@ -451,6 +693,34 @@ mod tests {
             cpu.interleave(&mut got[..n], &a, &b);
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&got), bits(&want), "{n} floats");
+        }
+    }
+
+    /// `n` values in [-1, 1] that differ with `seed`.
+    fn ramp(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919 + seed * 104_729) % 2001) as f32 / 1000.0 - 1.0)
+            .collect()
+    }
+
+    /// A 3x3 convolution with stride 1 and one pixel of zero padding.
+    fn padded_3x3(
+        batch: usize,
+        in_channels: usize,
+        out_channels: usize,
+        in_h: usize,
+        in_w: usize,
+    ) -> ConvShape {
+        ConvShape {
+            batch,
+            in_channels,
+            in_h,
+            in_w,
+            out_channels,
+            kernel: [3, 3],
+            stride: [1, 1],
+            padding: [1, 1],
+            mode: PadMode::Zeros,
         }
     }
 
@@ -492,11 +762,6 @@ mod tests {
     /// read through strides that are not NCHW's (as the backward passes it).
     #[test]
     fn convolve_matches_the_direct_sum() {
-        let ramp = |n: usize, seed: usize| -> Vec<f32> {
-            (0..n)
-                .map(|i| ((i * 7919 + seed * 104_729) % 2001) as f32 / 1000.0 - 1.0)
-                .collect()
-        };
         for (case, &(images, ci, co, h, w, relu)) in [
             (1, 1, 1, 1, 1, false),
             (2, 3, 5, 2, 2, true),
@@ -510,17 +775,7 @@ mod tests {
         .iter()
         .enumerate()
         {
-            let s = ConvShape {
-                batch: images,
-                in_channels: ci,
-                in_h: h,
-                in_w: w,
-                out_channels: co,
-                kernel: [3, 3],
-                stride: [1, 1],
-                padding: [1, 1],
-                mode: PadMode::Zeros,
-            };
+            let s = padded_3x3(images, ci, co, h, w);
             let x = ramp(images * ci * h * w, case);
             let g = ramp(co * ci * 9, case + 100);
             let bias = ramp(co, case + 200);
@@ -557,6 +812,99 @@ mod tests {
                         err <= 1e-5,
                         "case {case} ({images}x{ci}x{h}x{w} -> {co}, relu {relu}), output {i}: \
                          {got} against {want}, error {err:e} of the terms' magnitudes"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The weight gradient by [`weight_grad`] and [`weights_from_transformed`] against the direct
+    /// sum `dw[o][c][t] = Σ dy[o][p] x[c][p + t]` in f64, relative to the terms' magnitudes: odd
+    /// and even sizes (half-outside tiles, whose output gradient must count as zero), 1x1 and 2x2
+    /// images, channel counts off the GEMM's blocks, the images in calls of different sizes added
+    /// up (`accumulate`), and the output gradient side by side as the backward passes it.
+    #[test]
+    fn weight_grad_matches_the_direct_sum() {
+        for (case, &(images, ci, co, h, w)) in [
+            (1, 1, 1, 1, 1),
+            (2, 3, 5, 2, 2),
+            (3, 17, 49, 1, 5),
+            (2, 50, 20, 5, 4),
+            (4, 16, 16, 6, 7),
+            (1, 64, 65, 9, 9),
+            (5, 8, 3, 11, 2),
+            (3, 33, 64, 8, 8),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let s = padded_3x3(images, ci, co, h, w);
+            let plane = h * w;
+            let x = ramp(images * ci * plane, case);
+            let dy = ramp(images * co * plane, case + 100);
+            let (mut want, mut scale) = (vec![0.0f64; co * ci * 9], vec![0.0f64; co * ci * 9]);
+            for j in 0..images {
+                for o in 0..co {
+                    for c in 0..ci {
+                        for t in 0..9 {
+                            for r in 0..h {
+                                for q in 0..w {
+                                    let (rr, qq) = ((r + t / 3).wrapping_sub(1), (q + t % 3).wrapping_sub(1));
+                                    if rr < h && qq < w {
+                                        let term = f64::from(dy[((j * co + o) * h + r) * w + q])
+                                            * f64::from(x[((j * ci + c) * h + rr) * w + qq]);
+                                        want[(o * ci + c) * 9 + t] += term;
+                                        scale[(o * ci + c) * 9 + t] += term.abs();
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            // The output gradient side by side (`image = plane`, `channel = images * plane`).
+            let mut dy_t = vec![0.0f32; dy.len()];
+            for j in 0..images {
+                for o in 0..co {
+                    dy_t[(o * images + j) * plane..][..plane]
+                        .copy_from_slice(&dy[(j * co + o) * plane..][..plane]);
+                }
+            }
+            // All images in one call, and the first image alone then the rest added on.
+            for split in [images, 1] {
+                let mut m = vec![f32::NAN; transformed_len(co, ci)];
+                let mut done = 0;
+                for n in [split, images - split] {
+                    if n == 0 {
+                        continue;
+                    }
+                    let xs = Planes {
+                        data: &x[done * ci * plane..],
+                        image: ci * plane,
+                        channel: plane,
+                    };
+                    let part = ConvShape { batch: n, ..s };
+                    let mut side = vec![0.0f32; n * co * plane];
+                    for o in 0..co {
+                        side[o * n * plane..][..n * plane]
+                            .copy_from_slice(&dy_t[(o * images + done) * plane..][..n * plane]);
+                    }
+                    let dys = Planes {
+                        data: &side,
+                        image: plane,
+                        channel: n * plane,
+                    };
+                    weight_grad(&part, xs, dys, n, &mut m, done > 0);
+                    done += n;
+                }
+                let mut got = vec![f32::NAN; want.len()];
+                weights_from_transformed(co, ci, &m, &mut got);
+                for (i, (&got, (&want, &scale))) in got.iter().zip(want.iter().zip(&scale)).enumerate() {
+                    let err = (f64::from(got) - want).abs() / scale.max(1e-30);
+                    assert!(
+                        err <= 1e-5,
+                        "case {case} ({images}x{ci}x{h}x{w} -> {co}, first call {split} images), \
+                         weight {i}: {got} against {want}, error {err:e} of the terms' magnitudes"
                     );
                 }
             }
