@@ -316,22 +316,33 @@ impl Avx512 {
         unsafe { x86::copy_even(dst, src) }
     }
 
-    /// Winograd F(2x2, 3x3)'s input transform across a row of tiles: with `t` the row's four
-    /// columns per tile overlapping by two (tile `k` reads `t[2k..2k + 4]` = `x0..x3`),
-    /// `outs` = `x0 - x2`, `x1 + x2`, `x2 - x1`, `x1 - x3` per tile, 16 tiles from two permutes
-    /// of 32 loaded floats each.
+    /// Winograd F(2x2, 3x3)'s input transform `V = Bᵀ d B` of one row of tiles: `rows` are the
+    /// four image rows the tile row reads (zeros above and below the image), padded by a zero
+    /// column on each side (tile `k` covers padded columns `2k..2k + 4`, padded column `p` being
+    /// column `p - 1`), and `V[ξ]` of tile `k` goes to `out[ξ * pitch + k]` for
+    /// `k < tw = ceil(w / 2)`. Down: `d0 - d2`, `d1 + d2`, `d2 - d1`, `d1 - d3`; then the same
+    /// across. 16 tiles at a time, the columns loaded from the rows themselves (masked where
+    /// they fall in the padding) and split by permutes, in registers: building the padded row
+    /// in memory first and loading it back one float off stalled on store forwarding (half of
+    /// the transform's time).
     ///
     /// # Panics
-    /// If the four outputs differ in length `n`, or `t` is shorter than `2 * n + 2`.
+    /// If the rows differ in length, `tw > pitch`, or `out` is shorter than `15 * pitch + tw`.
     #[inline(always)]
-    pub(crate) fn winograd_input_cols(self, t: &[f32], outs: [&mut [f32]; 4]) {
-        let n = outs[0].len();
+    pub(crate) fn winograd_input_row(self, rows: [&[f32]; 4], out: &mut [f32], pitch: usize) {
+        let w = rows[0].len();
+        let tw = w.div_ceil(2);
         assert!(
-            outs.iter().all(|o| o.len() == n) && t.len() >= 2 * n + 2,
-            "winograd_input_cols: lengths"
+            rows.iter().all(|r| r.len() == w)
+                && tw <= pitch
+                && pitch
+                    .checked_mul(15)
+                    .and_then(|p| p.checked_add(tw))
+                    .is_some_and(|n| n <= out.len()),
+            "winograd_input_row: lengths"
         );
         // SAFETY: `self` proves AVX-512F; the lengths are checked above.
-        unsafe { x86::winograd_input_cols(t, outs) }
+        unsafe { x86::winograd_input_row(rows, out, pitch) }
     }
 
     /// Winograd F(2x2, 3x3)'s output-gradient transform `D = A dy Aᵀ` of one row of tiles: `a`
@@ -1310,44 +1321,104 @@ mod x86 {
         }
     }
 
-    /// [`super::Avx512::winograd_input_cols`].
+    /// [`super::Avx512::winograd_input_row`].
     ///
     /// # Safety
-    /// The CPU runs AVX-512F; the four outputs hold `n` floats each and `t` at least `2 * n + 2`.
+    /// The CPU runs AVX-512F; the rows have one length `w`, and `out` holds at least
+    /// `15 * pitch + ceil(w / 2)` floats with `ceil(w / 2) <= pitch`.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    pub(super) unsafe fn winograd_input_cols(t: &[f32], outs: [&mut [f32]; 4]) {
-        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-        let n = outs[0].len();
-        let s = t.as_ptr();
-        let [o0, o1, o2, o3] = outs.map(|o| o.as_mut_ptr());
+    pub(super) unsafe fn winograd_input_row(rows: [&[f32]; 4], out: &mut [f32], pitch: usize) {
+        let tw = rows[0].len().div_ceil(2);
+        let d = out.as_mut_ptr();
         let mut j = 0;
-        while j < n {
-            let m = (n - j).min(16);
-            // Tiles `j..j + m` read `t[2j..2(j + m) + 2]`: x0, x1 from the first 2m floats,
-            // x2, x3 from those two further on.
-            // SAFETY: `pair` reads below `2(j + m) + 2 <= 2n + 2 <= t.len()`.
-            let ((a, b), (c, d)) =
-                unsafe { (pair(s, 2 * j, 2 * (j + m)), pair(s, 2 * j + 2, 2 * (j + m) + 2)) };
-            let (x0, x1) = (
-                _mm512_permutex2var_ps(a, even, b),
-                _mm512_permutex2var_ps(a, odd, b),
-            );
-            let (x2, x3) = (
-                _mm512_permutex2var_ps(c, even, d),
-                _mm512_permutex2var_ps(c, odd, d),
-            );
+        while j < tw {
+            let m = (tw - j).min(16);
+            // Tile `j + l` reads padded columns `2(j + l)..2(j + l) + 4`: x0, x1 from the 32
+            // starting at `2j`, x2, x3 from the 32 starting at `2j + 2`, per row.
+            // SAFETY: the CPU runs AVX-512F (this function's own requirement).
+            let [d0, d1, d2, d3] = unsafe {
+                [
+                    tile_columns(rows[0], j),
+                    tile_columns(rows[1], j),
+                    tile_columns(rows[2], j),
+                    tile_columns(rows[3], j),
+                ]
+            };
+            // Bᵀ's rows, down, per column: d0 - d2, d1 + d2, d2 - d1, d1 - d3.
+            let each = |a: [__m512; 4], b: [__m512; 4], add: bool| -> [__m512; 4] {
+                let f = |k: usize| {
+                    if add {
+                        _mm512_add_ps(a[k], b[k])
+                    } else {
+                        _mm512_sub_ps(a[k], b[k])
+                    }
+                };
+                [f(0), f(1), f(2), f(3)]
+            };
+            let t = [
+                each(d0, d2, false),
+                each(d1, d2, true),
+                each(d2, d1, false),
+                each(d1, d3, false),
+            ];
             let store = lanes(m);
-            // SAFETY: lanes below `j + m <= n`, each output's length.
-            unsafe {
-                _mm512_mask_storeu_ps(o0.wrapping_add(j), store, _mm512_sub_ps(x0, x2));
-                _mm512_mask_storeu_ps(o1.wrapping_add(j), store, _mm512_add_ps(x1, x2));
-                _mm512_mask_storeu_ps(o2.wrapping_add(j), store, _mm512_sub_ps(x2, x1));
-                _mm512_mask_storeu_ps(o3.wrapping_add(j), store, _mm512_sub_ps(x1, x3));
+            for (i, [x0, x1, x2, x3]) in t.into_iter().enumerate() {
+                let at = d.wrapping_add(4 * i * pitch + j);
+                // SAFETY: lanes `j..j + m` of planes `4i..4i + 4`: below `15 * pitch + tw`.
+                unsafe {
+                    _mm512_mask_storeu_ps(at, store, _mm512_sub_ps(x0, x2));
+                    _mm512_mask_storeu_ps(at.wrapping_add(pitch), store, _mm512_add_ps(x1, x2));
+                    _mm512_mask_storeu_ps(at.wrapping_add(2 * pitch), store, _mm512_sub_ps(x2, x1));
+                    _mm512_mask_storeu_ps(at.wrapping_add(3 * pitch), store, _mm512_sub_ps(x1, x3));
+                }
             }
             j += 16;
         }
+    }
+
+    /// Columns `x0..x3` of tiles `j..j + 16` of a row padded by one zero column on each side
+    /// (tile `k` covers padded columns `2k..2k + 4`), zero outside the row.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn tile_columns(row: &[f32], j: usize) -> [__m512; 4] {
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        // SAFETY: `padded` loads only lanes of columns inside the row.
+        let (a, b, c, e) = unsafe {
+            (
+                padded(row, 2 * j),
+                padded(row, 2 * j + 16),
+                padded(row, 2 * j + 2),
+                padded(row, 2 * j + 18),
+            )
+        };
+        [
+            _mm512_permutex2var_ps(a, even, b),
+            _mm512_permutex2var_ps(a, odd, b),
+            _mm512_permutex2var_ps(c, even, e),
+            _mm512_permutex2var_ps(c, odd, e),
+        ]
+    }
+
+    /// Padded columns `p..p + 16` of `row` (padded column `q` is `row[q - 1]`), zero where
+    /// that falls outside the row.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512F.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn padded(row: &[f32], p: usize) -> __m512 {
+        // Lane `l` reads `row[p + l - 1]` where `1 <= p + l <= row.len()`.
+        let below = row.len() + 1;
+        let count = below.saturating_sub(p).min(16);
+        let mask = lanes(count) & if p == 0 { !1 } else { !0 };
+        // SAFETY: the loaded lanes' indices lie in `0..row.len()` (above); masked-off lanes are
+        // not accessed, and the address is formed by wrapping arithmetic only.
+        unsafe { _mm512_maskz_loadu_ps(mask, row.as_ptr().wrapping_add(p).wrapping_sub(1)) }
     }
 
     /// [`super::Avx512::winograd_grad_row`].

@@ -219,17 +219,49 @@ fn transform_input(s: &ConvShape, x: Planes<'_>, images: usize, v: &mut [f32]) {
     if let Some(cpu) = crate::cpu::simd::Avx512::detect() {
         #[target_feature(enable = "avx512f")]
         fn wide(cpu: crate::cpu::simd::Avx512, s: &ConvShape, x: Planes<'_>, images: usize, v: &mut [f32]) {
-            transform_input_loops(s, x, images, v, |t, outs| cpu.winograd_input_cols(t, outs))
+            transform_input_loops(s, x, images, v, |rows, out, pitch| {
+                cpu.winograd_input_row(rows, out, pitch)
+            })
         }
         // SAFETY: a function compiled for AVX-512F needs a CPU that runs it, which `detect`
         // checked.
         return unsafe { wide(cpu, s, x, images, v) };
     }
-    transform_input_loops(s, x, images, v, input_cols)
+    let mut t = Vec::new();
+    transform_input_loops(s, x, images, v, |rows, out, pitch| {
+        input_row(rows, out, pitch, &mut t)
+    })
 }
 
-/// [`Avx512::winograd_input_cols`](crate::cpu::simd::Avx512::winograd_input_cols)'s sums, one
-/// tile at a time.
+/// [`Avx512::winograd_input_row`](crate::cpu::simd::Avx512::winograd_input_row)'s sums, the
+/// same operations in the same order: Bᵀ d down the columns gives four rows t_i over the padded
+/// columns (padded column p is column p - 1; columns 0 and w + 1.. stay zero), in `t`; the tile
+/// at tile column k reads t_i[2k..2k + 4], and [`input_cols`] combines those across.
+fn input_row(rows: [&[f32]; 4], out: &mut [f32], pitch: usize, t: &mut Vec<f32>) {
+    let w = rows[0].len();
+    let tw = w.div_ceil(2);
+    t.clear();
+    t.resize(2 * tw + 2, 0.0);
+    let [r0, r1, r2, r3] = rows;
+    for i in 0..4 {
+        // Bᵀ's rows: t0 = d0 - d2, t1 = d1 + d2, t2 = d2 - d1, t3 = d1 - d3.
+        let (a, b) = match i {
+            0 => (r0, r2),
+            1 | 2 => (r1, r2),
+            _ => (r1, r3),
+        };
+        let pairs = t[1..=w].iter_mut().zip(a.iter().zip(b));
+        match i {
+            0 | 3 => pairs.for_each(|(t, (a, b))| *t = a - b),
+            1 => pairs.for_each(|(t, (a, b))| *t = a + b),
+            _ => pairs.for_each(|(t, (a, b))| *t = b - a),
+        }
+        input_cols(t, four_planes(out, pitch, i, 0, tw));
+    }
+}
+
+/// The sums across of one row `t` of [`input_row`]: v_i0 = X0 - X2, v_i1 = X1 + X2,
+/// v_i2 = X2 - X1, v_i3 = X1 - X3 with X0..X3 = t[2k..2k + 4], one tile at a time.
 fn input_cols(t: &[f32], [v0, v1, v2, v3]: [&mut [f32]; 4]) {
     for (k, (((v0, v1), v2), v3)) in v0.iter_mut().zip(v1).zip(v2).zip(v3).enumerate() {
         let [x0, x1, x2, x3] = [t[2 * k], t[2 * k + 1], t[2 * k + 2], t[2 * k + 3]];
@@ -248,24 +280,21 @@ fn four_planes(v: &mut [f32], plane: usize, i: usize, at: usize, len: usize) -> 
     [p0, p1, p2, p3].map(|p| &mut p[at..][..len])
 }
 
+/// Every tile row of every channel through `row` (its four image rows, zeros outside the
+/// image; the tile row's first tile of plane 0, and the planes' pitch).
 #[inline(always)]
 fn transform_input_loops(
     s: &ConvShape,
     x: Planes<'_>,
     images: usize,
     v: &mut [f32],
-    cols: impl Fn(&[f32], [&mut [f32]; 4]),
+    mut row_of: impl FnMut([&[f32]; 4], &mut [f32], usize),
 ) {
     let (h, w) = (s.in_h, s.in_w);
     let (th, tw) = tiles(s);
     let (ci, tiles) = (s.in_channels, images * th * tw);
     let v_pitch = pitch(ci, tiles);
     let zeros = vec![0.0f32; w];
-    // Per tile row: Bᵀ d down the columns gives four rows t_i over the padded columns (padded
-    // column p is input column p - 1; columns 0 and w + 1.. stay zero); the 4x4 tile at tile
-    // column k reads t_i[2k..2k + 4], and `cols` combines those across.
-    let padded = 2 * tw + 2;
-    let mut t = vec![0.0f32; padded];
     for j in 0..images {
         for c in 0..ci {
             let plane = &x.data[j * x.image + c * x.channel..][..h * w];
@@ -278,26 +307,9 @@ fn transform_input_loops(
                 }
             };
             for ty in 0..th {
-                let [r0, r1, r2, r3] = [row(2 * ty), row(2 * ty + 1), row(2 * ty + 2), row(2 * ty + 3)];
+                let rows = [row(2 * ty), row(2 * ty + 1), row(2 * ty + 2), row(2 * ty + 3)];
                 let first = (j * th + ty) * tw;
-                for i in 0..4 {
-                    // Bᵀ's rows: t0 = d0 - d2, t1 = d1 + d2, t2 = d2 - d1, t3 = d1 - d3.
-                    let inside = &mut t[1..=w];
-                    let (a, b) = match i {
-                        0 => (r0, r2),
-                        1 | 2 => (r1, r2),
-                        _ => (r1, r3),
-                    };
-                    let pairs = inside.iter_mut().zip(a.iter().zip(b));
-                    match i {
-                        0 | 3 => pairs.for_each(|(t, (a, b))| *t = a - b),
-                        1 => pairs.for_each(|(t, (a, b))| *t = a + b),
-                        _ => pairs.for_each(|(t, (a, b))| *t = b - a),
-                    }
-                    // The same combinations across: v_i0 = X0 - X2, v_i1 = X1 + X2,
-                    // v_i2 = X2 - X1, v_i3 = X1 - X3 with X0..X3 = t[2k..2k + 4].
-                    cols(&t, four_planes(v, v_pitch, i, c * tiles + first, tw));
-                }
+                row_of(rows, &mut v[c * tiles + first..], v_pitch);
             }
         }
     }
@@ -621,22 +633,56 @@ mod tests {
         }
     }
 
-    /// The AVX-512 input columns are the portable ones bit for bit, for rows of 1 to 40 tiles
-    /// (past one and two vectors, with the row just long enough), and write nothing past them.
+    /// `rows` rows of `w` values in one buffer, each between NaNs, so that a kernel reading a
+    /// column outside a row reads a NaN: row 0 zeros, the others test values with zeros among
+    /// them.
+    fn fenced_rows(w: usize, rows: usize) -> Vec<f32> {
+        let mut buf = vec![f32::NAN; rows * (w + 1) + 1];
+        for r in 0..rows {
+            for i in 0..w {
+                buf[r * (w + 1) + 1 + i] = match (r, (i + r) % 7) {
+                    (0, _) | (_, 3) => 0.0,
+                    _ => ((i * 7919 + r * 31) % 1013) as f32 / 97.0 - 5.0,
+                };
+            }
+        }
+        buf
+    }
+
+    /// Row `r` of [`fenced_rows`].
+    fn fenced(buf: &[f32], w: usize, r: usize) -> &[f32] {
+        &buf[r * (w + 1) + 1..][..w]
+    }
+
+    /// The AVX-512 input tile row is the portable one bit for bit, for rows of 1 to 70 columns
+    /// (odd ones end in a half tile; past one and two vectors), zero rows among them, and writes
+    /// nothing outside its 16 planes' tiles.
     #[test]
-    fn avx512_input_columns_are_the_portable_ones() {
+    fn avx512_input_row_is_the_portable_one() {
         let Some(cpu) = crate::cpu::simd::Avx512::detect() else {
             return;
         };
-        for n in 1..=40 {
-            let t: Vec<f32> = (0..2 * n + 2)
-                .map(|i| ((i * 7919) % 1013) as f32 / 97.0 - 5.0)
-                .collect();
-            let (mut want, mut got) = (vec![f32::NAN; 4 * (n + 1)], vec![f32::NAN; 4 * (n + 1)]);
-            input_cols(&t, four_planes(&mut want, n + 1, 0, 0, n));
-            cpu.winograd_input_cols(&t, four_planes(&mut got, n + 1, 0, 0, n));
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "{n} tiles");
+        for w in 1..=70usize {
+            let tw = w.div_ceil(2);
+            // Rows 1-4 of test values, row 0 zeros.
+            let buf = fenced_rows(w, 5);
+            let row = |r: usize| fenced(&buf, w, r);
+            for rows in [
+                [row(1), row(2), row(3), row(4)],
+                [row(0), row(2), row(3), row(0)],
+                [row(4), row(1), row(0), row(0)],
+            ] {
+                let pitch = tw + 3;
+                let (mut want, mut got) = (vec![f32::NAN; 16 * pitch], vec![f32::NAN; 16 * pitch]);
+                input_row(rows, &mut want, pitch, &mut Vec::new());
+                cpu.winograd_input_row(rows, &mut got, pitch);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{w} columns");
+                assert!(
+                    got.chunks(pitch).all(|p| p[tw..].iter().all(|v| v.is_nan())),
+                    "{w}"
+                );
+            }
         }
     }
 
@@ -650,27 +696,17 @@ mod tests {
         };
         for w in 1..=70usize {
             let tw = w.div_ceil(2);
-            let row = |seed: usize| -> Vec<f32> {
-                (0..w)
-                    .map(|i| {
-                        if (i + seed) % 5 == 3 {
-                            0.0
-                        } else {
-                            ((i * 7919 + seed) % 1013) as f32 / 97.0 - 5.0
-                        }
-                    })
-                    .collect()
-            };
-            let (a, b) = (row(1), row(2));
-            for b in [Some(&b[..]), None] {
+            let buf = fenced_rows(w, 3);
+            let a = fenced(&buf, w, 1);
+            for b in [Some(fenced(&buf, w, 2)), None] {
                 let pitch = tw + 3;
                 let (mut want, mut got) = (vec![f32::NAN; 16 * pitch], vec![f32::NAN; 16 * pitch]);
-                grad_row(&a, b, &mut want, pitch);
-                cpu.winograd_grad_row(&a, b, &mut got, pitch);
+                grad_row(a, b, &mut want, pitch);
+                cpu.winograd_grad_row(a, b, &mut got, pitch);
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&got), bits(&want), "{w} columns, second row {}", b.is_some());
                 assert!(
-                    want.chunks(pitch).all(|p| p[tw..].iter().all(|v| v.is_nan())),
+                    got.chunks(pitch).all(|p| p[tw..].iter().all(|v| v.is_nan())),
                     "{w}"
                 );
             }
