@@ -258,6 +258,17 @@ impl Avx512 {
     }
 }
 
+/// Whether a row of `tw` tiles' 16 planes, `pitch` apart, fit in `len` floats: the planes hold
+/// the tiles (`tw <= pitch`) and the last one ends by `15 * pitch + tw <= len`.
+#[cfg(target_arch = "x86_64")]
+fn tile_row_fits(tw: usize, pitch: usize, len: usize) -> bool {
+    tw <= pitch
+        && pitch
+            .checked_mul(15)
+            .and_then(|p| p.checked_add(tw))
+            .is_some_and(|n| n <= len)
+}
+
 #[cfg(target_arch = "x86_64")]
 impl Avx512 {
     /// Widest padded row [`Avx512::pad_zeros`] takes: its per-chunk masks live in a fixed
@@ -333,12 +344,7 @@ impl Avx512 {
         let w = rows[0].len();
         let tw = w.div_ceil(2);
         assert!(
-            rows.iter().all(|r| r.len() == w)
-                && tw <= pitch
-                && pitch
-                    .checked_mul(15)
-                    .and_then(|p| p.checked_add(tw))
-                    .is_some_and(|n| n <= out.len()),
+            rows.iter().all(|r| r.len() == w) && tile_row_fits(tw, pitch, out.len()),
             "winograd_input_row: lengths"
         );
         // SAFETY: `self` proves AVX-512F; the lengths are checked above.
@@ -358,12 +364,7 @@ impl Avx512 {
     pub(crate) fn winograd_grad_row(self, a: &[f32], b: Option<&[f32]>, out: &mut [f32], pitch: usize) {
         let tw = a.len().div_ceil(2);
         assert!(
-            b.is_none_or(|b| b.len() == a.len())
-                && tw <= pitch
-                && pitch
-                    .checked_mul(15)
-                    .and_then(|p| p.checked_add(tw))
-                    .is_some_and(|n| n <= out.len()),
+            b.is_none_or(|b| b.len() == a.len()) && tile_row_fits(tw, pitch, out.len()),
             "winograd_grad_row: lengths"
         );
         // SAFETY: `self` proves AVX-512F; the lengths are checked above.

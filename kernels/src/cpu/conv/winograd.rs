@@ -654,6 +654,26 @@ mod tests {
         &buf[r * (w + 1) + 1..][..w]
     }
 
+    /// A row of `tw` tiles' 16 planes written by the portable kernel and by the AVX-512 one into
+    /// NaN-filled planes with room to spare: the same bits, and nothing written past the tiles.
+    fn same_tile_rows(
+        tw: usize,
+        what: &str,
+        portable: impl FnOnce(&mut [f32], usize),
+        avx512: impl FnOnce(&mut [f32], usize),
+    ) {
+        let pitch = tw + 3;
+        let (mut want, mut got) = (vec![f32::NAN; 16 * pitch], vec![f32::NAN; 16 * pitch]);
+        portable(&mut want, pitch);
+        avx512(&mut got, pitch);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "{what}");
+        assert!(
+            got.chunks(pitch).all(|p| p[tw..].iter().all(|v| v.is_nan())),
+            "{what}: written past the tiles"
+        );
+    }
+
     /// The AVX-512 input tile row is the portable one bit for bit, for rows of 1 to 70 columns
     /// (odd ones end in a half tile; past one and two vectors), zero rows among them, and writes
     /// nothing outside its 16 planes' tiles.
@@ -672,15 +692,11 @@ mod tests {
                 [row(0), row(2), row(3), row(0)],
                 [row(4), row(1), row(0), row(0)],
             ] {
-                let pitch = tw + 3;
-                let (mut want, mut got) = (vec![f32::NAN; 16 * pitch], vec![f32::NAN; 16 * pitch]);
-                input_row(rows, &mut want, pitch, &mut Vec::new());
-                cpu.winograd_input_row(rows, &mut got, pitch);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "{w} columns");
-                assert!(
-                    got.chunks(pitch).all(|p| p[tw..].iter().all(|v| v.is_nan())),
-                    "{w}"
+                same_tile_rows(
+                    tw,
+                    &format!("{w} columns"),
+                    |out, pitch| input_row(rows, out, pitch, &mut Vec::new()),
+                    |out, pitch| cpu.winograd_input_row(rows, out, pitch),
                 );
             }
         }
@@ -699,15 +715,11 @@ mod tests {
             let buf = fenced_rows(w, 3);
             let a = fenced(&buf, w, 1);
             for b in [Some(fenced(&buf, w, 2)), None] {
-                let pitch = tw + 3;
-                let (mut want, mut got) = (vec![f32::NAN; 16 * pitch], vec![f32::NAN; 16 * pitch]);
-                grad_row(a, b, &mut want, pitch);
-                cpu.winograd_grad_row(a, b, &mut got, pitch);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "{w} columns, second row {}", b.is_some());
-                assert!(
-                    got.chunks(pitch).all(|p| p[tw..].iter().all(|v| v.is_nan())),
-                    "{w}"
+                same_tile_rows(
+                    tw,
+                    &format!("{w} columns, second row {}", b.is_some()),
+                    |out, pitch| grad_row(a, b, out, pitch),
+                    |out, pitch| cpu.winograd_grad_row(a, b, out, pitch),
                 );
             }
         }
