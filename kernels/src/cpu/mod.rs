@@ -215,7 +215,17 @@ pub(crate) fn relu_mask(dy: &[f32], y: &[f32], masked: &mut [f32]) {
         "relu_mask: lengths"
     );
     for ((m, &d), &y) in masked.iter_mut().zip(dy).zip(y) {
-        *m = if y <= 0.0 { 0.0 } else { d };
+        *m = relu_masked(d, y);
+    }
+}
+
+/// One element of [`relu_mask`].
+#[inline(always)]
+fn relu_masked(dy: f32, y: f32) -> f32 {
+    if y <= 0.0 {
+        0.0
+    } else {
+        dy
     }
 }
 
@@ -224,9 +234,11 @@ pub(crate) fn par_relu_mask(dy: &[f32], y: &[f32]) -> Vec<f32> {
     const BLOCK: usize = 32 << 10;
     assert_eq!(dy.len(), y.len(), "relu_mask: lengths");
     fresh(y.len(), |out| {
-        out.par_chunks_mut(BLOCK)
+        out.par_out_chunks(BLOCK)
             .zip(dy.par_chunks(BLOCK).zip(y.par_chunks(BLOCK)))
-            .for_each(|(m, (dy, y))| relu_mask(dy, y, m))
+            .for_each(|(m, (dy, y))| {
+                m.zip_map(dy, y, relu_masked);
+            })
     })
 }
 

@@ -43,6 +43,23 @@ impl<'a, T> From<&'a mut Vec<T>> for Out<'a, T> {
     }
 }
 
+impl<'a, T> From<OutChunk<'a, T>> for Out<'a, T> {
+    /// The chunk as an output of its own: counted as its parts are handed out.
+    fn from(chunk: OutChunk<'a, T>) -> Self {
+        Out {
+            values: chunk.values,
+            handed: chunk.handed,
+        }
+    }
+}
+
+impl<'a, T> From<&'a mut [T]> for OutChunk<'a, T> {
+    fn from(values: &'a mut [T]) -> Self {
+        let Out { values, handed } = Out::from(values);
+        OutChunk { values, handed }
+    }
+}
+
 impl<'a, T, const N: usize> From<&'a mut [T; N]> for Out<'a, T> {
     fn from(values: &'a mut [T; N]) -> Self {
         Out::from(values.as_mut_slice())
@@ -52,9 +69,8 @@ impl<'a, T, const N: usize> From<&'a mut [T; N]> for Out<'a, T> {
 /// `chunk` zeroed (as `T::default()`), then as initialised values.
 fn zeroed_chunk<T: Copy + Default>(chunk: &mut [MaybeUninit<T>]) -> &mut [T] {
     chunk.fill(MaybeUninit::new(T::default()));
-    let len = chunk.len();
-    // SAFETY: every element was just written, and `MaybeUninit<T>` has `T`'s layout.
-    unsafe { std::slice::from_raw_parts_mut(chunk.as_mut_ptr().cast(), len) }
+    // SAFETY: every element was just written.
+    unsafe { assume_written(chunk) }
 }
 
 impl<'a, T: Copy + Default + Send + Sync> Out<'a, T> {
@@ -84,6 +100,16 @@ impl<'a, T: Copy + Default + Send + Sync> Out<'a, T> {
         })
     }
 
+    /// The output in parallel chunks of `n` elements (the last may be shorter), not yet
+    /// written: for a kernel that writes every element through [`OutChunk::map`] or
+    /// [`OutChunk::zip_map`] (or takes a chunk [`OutChunk::zeroed`]).
+    pub fn par_out_chunks(self, n: usize) -> impl IndexedParallelIterator<Item = OutChunk<'a, T>> {
+        let handed = self.handed;
+        self.values
+            .par_chunks_mut(n)
+            .map(move |values| OutChunk { values, handed })
+    }
+
     /// The whole output zeroed, on the calling thread (for small outputs).
     pub fn zeroed(self) -> &'a mut [T] {
         if let Some(h) = self.handed {
@@ -93,20 +119,102 @@ impl<'a, T: Copy + Default + Send + Sync> Out<'a, T> {
     }
 }
 
-/// One chunk of an [`Out`], split off on one thread and zeroed (and counted) by the thread that
-/// takes it with [`OutChunk::zeroed`].
+/// One chunk of an [`Out`], not yet written: the thread that takes it either zeroes it
+/// ([`OutChunk::zeroed`]) or writes every element ([`OutChunk::map`], [`OutChunk::zip_map`]),
+/// and only then counts it as written.
 pub struct OutChunk<'a, T = f32> {
     values: &'a mut [MaybeUninit<T>],
     handed: Option<&'a AtomicUsize>,
 }
 
 impl<'a, T: Copy + Default> OutChunk<'a, T> {
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// The chunk zeroed, for a kernel that adds into its output or writes only part of it.
     pub fn zeroed(self) -> &'a mut [T] {
+        self.count();
+        zeroed_chunk(self.values)
+    }
+
+    /// The first `mid` elements and the rest, each still to be written.
+    ///
+    /// # Panics
+    /// If `mid > len`.
+    pub fn split_at(self, mid: usize) -> (Self, Self) {
+        let (a, b) = self.values.split_at_mut(mid);
+        let handed = self.handed;
+        (OutChunk { values: a, handed }, OutChunk { values: b, handed })
+    }
+
+    /// `out[i] = f(x[i])` for every element, never zeroed first: one pass over the output
+    /// instead of two.
+    ///
+    /// # Panics
+    /// If `x` is not the chunk's length.
+    #[inline(always)]
+    pub fn map(self, x: &[T], mut f: impl FnMut(T) -> T) -> &'a mut [T] {
+        assert_eq!(x.len(), self.values.len(), "OutChunk::map: lengths");
+        for (o, &x) in self.values.iter_mut().zip(x) {
+            o.write(f(x));
+        }
+        self.count();
+        // SAFETY: the loop wrote every element (the lengths are equal), and `MaybeUninit<T>`
+        // has `T`'s layout.
+        unsafe { assume_written(self.values) }
+    }
+
+    /// `out[i] = f(x[i], y[i])` for every element, never zeroed first.
+    ///
+    /// # Panics
+    /// If `x` or `y` is not the chunk's length.
+    #[inline(always)]
+    pub fn zip_map(self, x: &[T], y: &[T], mut f: impl FnMut(T, T) -> T) -> &'a mut [T] {
+        let n = self.values.len();
+        assert!(x.len() == n && y.len() == n, "OutChunk::zip_map: lengths");
+        for ((o, &x), &y) in self.values.iter_mut().zip(x).zip(y) {
+            o.write(f(x, y));
+        }
+        self.count();
+        // SAFETY: as in `map`.
+        unsafe { assume_written(self.values) }
+    }
+
+    /// The chunk written by `write`, which is handed it as it is (unwritten, for a fresh buffer).
+    ///
+    /// # Safety
+    /// `write` writes every element of the slice it is given (or panics).
+    #[inline(always)]
+    pub unsafe fn written_by(self, write: impl FnOnce(&mut [MaybeUninit<T>])) -> &'a mut [T] {
+        write(&mut *self.values);
+        self.count();
+        // SAFETY: the caller's guarantee.
+        unsafe { assume_written(self.values) }
+    }
+
+    /// Counts the chunk as written, for [`fresh`]'s check (each chunk is counted once, by the
+    /// method that consumes it and writes all of it).
+    fn count(&self) {
         if let Some(h) = self.handed {
             h.fetch_add(self.values.len(), Ordering::Relaxed);
         }
-        zeroed_chunk(self.values)
     }
+}
+
+/// `values` as initialised.
+///
+/// # Safety
+/// Every element of `values` has been written.
+#[inline(always)]
+unsafe fn assume_written<T>(values: &mut [MaybeUninit<T>]) -> &mut [T] {
+    let len = values.len();
+    // SAFETY: the caller's guarantee; `MaybeUninit<T>` has `T`'s size and alignment.
+    unsafe { std::slice::from_raw_parts_mut(values.as_mut_ptr().cast(), len) }
 }
 
 impl<'a, T: Copy + Default + Send + Sync> Out<'a, T> {
@@ -184,6 +292,39 @@ mod tests {
         fresh::<f32>(5, |out| {
             out.chunks(2).take(2).for_each(|c| {
                 c.zeroed();
+            })
+        });
+    }
+
+    #[test]
+    fn mapped_chunks_fill_a_fresh_buffer_without_zeros() {
+        let x: Vec<f32> = (0..10).map(|i| i as f32).collect();
+        let v = fresh::<f32>(10, |out| {
+            out.par_out_chunks(4).zip(x.par_chunks(4)).for_each(|(c, x)| {
+                let (a, b) = c.split_at(1);
+                a.map(&x[..1], |x| -x);
+                b.zip_map(&x[1..], &x[1..], |x, y| x * y);
+            })
+        });
+        assert_eq!(v, [-0.0, 1.0, 4.0, 9.0, -4.0, 25.0, 36.0, 49.0, -8.0, 81.0]);
+    }
+
+    #[test]
+    #[should_panic(expected = "left part of its output unwritten")]
+    fn a_split_part_never_written_is_refused() {
+        fresh::<f32>(4, |out| {
+            out.par_out_chunks(4).for_each(|c| {
+                c.split_at(3).0.map(&[1.0; 3], |x| x);
+            })
+        });
+    }
+
+    #[test]
+    #[should_panic(expected = "OutChunk::map: lengths")]
+    fn a_map_from_a_shorter_input_is_refused() {
+        fresh::<f32>(4, |out| {
+            out.par_out_chunks(4).for_each(|c| {
+                c.map(&[1.0; 3], |x| x);
             })
         });
     }
