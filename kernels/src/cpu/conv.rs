@@ -1057,7 +1057,7 @@ fn forward(
         let n = winograd::images_per_call(s);
         return x
             .par_chunks(n * s.in_image())
-            .zip(out.par_chunks_mut(n * s.out_image()))
+            .zip(out.par_out_chunks(n * s.out_image()))
             .zip(moment_chunks(s, moments, n))
             .for_each(|((x, out), moments)| {
                 let planes = winograd::Planes {
@@ -1065,7 +1065,7 @@ fn forward(
                     image: s.in_image(),
                     channel: s.in_h * s.in_w,
                 };
-                winograd::convolve(s, &u, planes, x.len() / s.in_image(), bias, relu, out);
+                let out = winograd::convolve(s, &u, planes, x.len() / s.in_image(), bias, relu, out);
                 moments_of(s, out, moments);
             });
     }
@@ -1802,14 +1802,17 @@ pub fn conv2d_backward_from<'o>(
             DxBy::Winograd(_) => winograd::images_per_call(t),
             DxBy::Forward(..) => images_per_gemm(t),
         };
-        let convolve = |dy: &[f32], images: usize, dx: &mut [f32]| match by {
-            DxBy::Winograd(u) => winograd::convolve(t, u, planes(s, dy), images, None, false, dx),
+        let convolve = |dy: &[f32], images: usize, dx: OutChunk<'_>| match by {
+            DxBy::Winograd(u) => {
+                winograd::convolve(t, u, planes(s, dy), images, None, false, dx);
+            }
             DxBy::Forward(w, packs) => {
                 let chunk = ConvShape { batch: images, ..*t };
                 forward_packed(&chunk, dy, w, packs, None, false, dx.into(), None)
             }
         };
-        dx.par_chunks_mut(n * s.in_image())
+        // Chunks written by the convolution: zeroed only where its path needs it.
+        dx.par_out_chunks(n * s.in_image())
             .enumerate()
             .for_each(|(g, dx)| {
                 let images = dx.len() / s.in_image();

@@ -371,19 +371,41 @@ impl Avx512 {
         unsafe { x86::winograd_grad_row(a, b, out, pitch) }
     }
 
-    /// `row[2k] = a[k]` and `row[2k + 1] = b[k]` for every index inside `row`: 32 floats per
-    /// two permutes of 16 from each.
+    /// Winograd F(2x2, 3x3)'s output transform `Y = Aᵀ M A` of one output plane `[h, w]`: tile
+    /// `t` (`ceil(h / 2) x ceil(w / 2)` tiles, row-major) has its 16 sums at `m[ξ * pitch + t]`,
+    /// and its 2x2 outputs that fall inside the plane go to `out`, plus `bias`, then
+    /// `max(y, 0)` (NaN kept) when `relu`. Down: `m0 + m1 + m2`, `m1 - m2 - m3`; then the same
+    /// across. 16 tiles at a time over the plane's tiles as they lie (tile rows one after the
+    /// other), the two output columns interleaved by permutes and each run of tiles within a
+    /// tile row stored by one masked store: the row loop it replaces ran on 4- to 16-tile rows
+    /// that the compiler vectorised four floats at a time, or not at all.
+    ///
+    /// Every element of `out` is written.
     ///
     /// # Panics
-    /// If `a` is shorter than `row.len().div_ceil(2)` or `b` than `row.len() / 2`.
+    /// If `h` or `w` is 0, `out` is not `h * w` floats, or `m` does not hold the 16 planes'
+    /// tiles (`tiles <= pitch`, `15 * pitch + tiles <= m.len()`).
     #[inline(always)]
-    pub(crate) fn interleave(self, row: &mut [f32], a: &[f32], b: &[f32]) {
+    pub(crate) fn winograd_output_plane(
+        self,
+        m: &[f32],
+        pitch: usize,
+        [h, w]: [usize; 2],
+        bias: f32,
+        relu: bool,
+        out: &mut [std::mem::MaybeUninit<f32>],
+    ) {
+        let tiles = h.div_ceil(2).checked_mul(w.div_ceil(2));
         assert!(
-            a.len() >= row.len().div_ceil(2) && b.len() >= row.len() / 2,
-            "interleave: lengths"
+            h > 0 && w > 0 && h.checked_mul(w) == Some(out.len()),
+            "winograd_output_plane: output length"
+        );
+        assert!(
+            tiles.is_some_and(|t| tile_row_fits(t, pitch, m.len())),
+            "winograd_output_plane: sums too short"
         );
         // SAFETY: `self` proves AVX-512F; the lengths are checked above.
-        unsafe { x86::interleave(row, a, b) }
+        unsafe { x86::winograd_output_plane(m, pitch, [h, w], bias, relu, out) }
     }
 
     /// `dst = src` (same length) with masked 16-lane operations.
@@ -1471,36 +1493,81 @@ mod x86 {
         }
     }
 
-    /// [`super::Avx512::interleave`].
+    /// [`super::Avx512::winograd_output_plane`].
     ///
     /// # Safety
-    /// The CPU runs AVX-512F; `a` holds at least `row.len().div_ceil(2)` floats, `b`
-    /// `row.len() / 2`.
+    /// The CPU runs AVX-512F; `h, w > 0`, `out` holds `h * w` floats, and `m` holds
+    /// `15 * pitch + tiles` floats with `tiles = ceil(h / 2) * ceil(w / 2) <= pitch`.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    pub(super) unsafe fn interleave(row: &mut [f32], a: &[f32], b: &[f32]) {
+    pub(super) unsafe fn winograd_output_plane(
+        m: &[f32],
+        pitch: usize,
+        [h, w]: [usize; 2],
+        bias: f32,
+        relu: bool,
+        out: &mut [std::mem::MaybeUninit<f32>],
+    ) {
         let low = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
         let high = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
-        let (d, n) = (row.as_mut_ptr(), row.len());
-        let mut j = 0;
-        while j < n {
-            // Outputs `j..j + m` take `a[j / 2..]` (ceil(m / 2) of them) and `b[j / 2..]`
-            // (floor(m / 2)); `j` is even.
-            let m = (n - j).min(32);
-            // SAFETY: loaded lanes lie below `(j + m).div_ceil(2) <= a.len()` and
-            // `(j + m) / 2 <= b.len()`, stored ones below `j + m <= n`; masked-off lanes are
-            // not accessed.
-            unsafe {
-                let va = _mm512_maskz_loadu_ps(lanes(m.div_ceil(2)), a.as_ptr().wrapping_add(j / 2));
-                let vb = _mm512_maskz_loadu_ps(lanes(m / 2), b.as_ptr().wrapping_add(j / 2));
-                let (lo, hi) = (
-                    _mm512_permutex2var_ps(va, low, vb),
-                    _mm512_permutex2var_ps(va, high, vb),
-                );
-                _mm512_mask_storeu_ps(d.wrapping_add(j), lanes(m.min(16)), lo);
-                _mm512_mask_storeu_ps(d.wrapping_add(j + 16), lanes(m.saturating_sub(16)), hi);
+        let (tw, tiles) = (w.div_ceil(2), h.div_ceil(2) * w.div_ceil(2));
+        let (mp, d) = (m.as_ptr(), out.as_mut_ptr().cast::<f32>());
+        let (b, zero) = (_mm512_set1_ps(bias), _mm512_setzero_ps());
+        let activate = |v: __m512| {
+            if relu {
+                // `v <= 0` is false for NaN, which passes, as in `relu_in_place`.
+                _mm512_mask_mov_ps(v, _mm512_cmp_ps_mask::<_CMP_LE_OQ>(v, zero), zero)
+            } else {
+                v
             }
-            j += 32;
+        };
+        let mut v = 0;
+        while v < tiles {
+            let k = lanes((tiles - v).min(16));
+            // SAFETY: tiles `v..v + 16` under `k` lie below `tiles <= pitch`, so plane ξ's
+            // lanes below `15 * pitch + tiles <= m.len()`; masked-off lanes are not accessed.
+            let sum = |xi: usize| unsafe { _mm512_maskz_loadu_ps(k, mp.wrapping_add(xi * pitch + v)) };
+            // Down the columns: s[a][col], in the portable loops' order.
+            let mut s = [[zero; 4]; 2];
+            for col in 0..4 {
+                let (m0, m1, m2, m3) = (sum(col), sum(4 + col), sum(8 + col), sum(12 + col));
+                s[0][col] = _mm512_add_ps(_mm512_add_ps(m0, m1), m2);
+                s[1][col] = _mm512_sub_ps(_mm512_sub_ps(m1, m2), m3);
+            }
+            for (a, c) in s.iter().enumerate() {
+                let y0 = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c[0], c[1]), c[2]), b);
+                let y1 = _mm512_add_ps(_mm512_sub_ps(_mm512_sub_ps(c[1], c[2]), c[3]), b);
+                let (y0, y1) = (activate(y0), activate(y1));
+                // Lanes 2i and 2i + 1 of half `hf` are tile `v + 8 hf + i`'s two columns.
+                let halves = [
+                    _mm512_permutex2var_ps(y0, low, y1),
+                    _mm512_permutex2var_ps(y0, high, y1),
+                ];
+                for (hf, outs) in halves.into_iter().enumerate() {
+                    let t0 = v + 8 * hf;
+                    let end = (t0 + 8).min(tiles);
+                    let mut t = t0;
+                    // Runs of tiles within one tile row: contiguous outputs in row 2 ty + a.
+                    while t < end {
+                        let (ty, tx) = (t / tw, t % tw);
+                        let run_end = end.min((ty + 1) * tw);
+                        let oh = 2 * ty + a;
+                        if oh < h {
+                            let (first, cols) = (2 * (t - t0), (2 * (run_end - t)).min(w - 2 * tx));
+                            let mask = lanes(first + cols) & !lanes(first);
+                            // SAFETY: lane `first + i` (i < cols) lands on `oh * w + 2 tx + i`,
+                            // inside row `oh < h` as `2 tx + cols <= w`; masked-off lanes are
+                            // not accessed.
+                            unsafe {
+                                let at = d.wrapping_add(oh * w + 2 * tx).wrapping_sub(first);
+                                _mm512_mask_storeu_ps(at, mask, outs)
+                            };
+                        }
+                        t = run_end;
+                    }
+                }
+            }
+            v += 16;
         }
     }
 

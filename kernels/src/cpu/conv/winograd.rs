@@ -35,6 +35,9 @@
 //! them by three to four orders of magnitude. So F(2x2, 3x3) stays; a larger tile would need
 //! transforms that keep its error near F(2x2, 3x3)'s, and would have to pass that test first.
 
+use std::mem::MaybeUninit;
+
+use crate::cpu::out::OutChunk;
 use crate::cpu::relu_in_place;
 use crate::cpu::scratch::with_scratch;
 
@@ -162,16 +165,17 @@ pub(super) struct Planes<'a> {
 }
 
 /// `out = conv(x, g) + bias`, then `max(out, 0)` when `relu`, for `images` images (`out` NCHW,
-/// `images` whole images, overwritten); `u` from [`transform_weights`] of `s`'s kernel.
-pub(super) fn convolve(
+/// `images` whole images, written once, never zeroed first); `u` from [`transform_weights`] of
+/// `s`'s kernel. Returns the output.
+pub(super) fn convolve<'o>(
     s: &ConvShape,
     u: &[f32],
     x: Planes<'_>,
     images: usize,
     bias: Option<&[f32]>,
     relu: bool,
-    out: &mut [f32],
-) {
+    out: OutChunk<'o>,
+) -> &'o mut [f32] {
     let (th, tw) = tiles(s);
     let tiles = images * th * tw;
     let (ci, co) = (s.in_channels, s.out_channels);
@@ -195,9 +199,11 @@ pub(super) fn convolve(
             {
                 weights_times(u, co, ci, &v[..ci * tiles], &mut m[..co * tiles], tiles, false);
             }
-            transform_output(s, m, images, bias, relu, out);
+            // SAFETY: `transform_output` writes every element of its output (both of its
+            // paths visit every output plane of the `images` images, and every pixel of each).
+            unsafe { out.written_by(|out| transform_output(s, m, images, bias, relu, out)) }
         })
-    });
+    })
 }
 
 /// Elements from one transformed plane `ξ` (`rows` channels of `tiles` tiles) to the next: the
@@ -316,7 +322,10 @@ fn transform_input_loops(
 }
 
 /// `Y = Aᵀ M A` of every tile, plus the bias, then `max(Y, 0)` when `relu`, into `out` (NCHW,
-/// the 2x2 outputs that fall inside the image).
+/// the 2x2 outputs that fall inside the image): every element of `out` is written.
+///
+/// # Panics
+/// If `out` is not `images` output images.
 #[inline(never)]
 fn transform_output(
     s: &ConvShape,
@@ -324,8 +333,9 @@ fn transform_output(
     images: usize,
     bias: Option<&[f32]>,
     relu: bool,
-    out: &mut [f32],
+    out: &mut [MaybeUninit<f32>],
 ) {
+    assert_eq!(out.len(), images * s.out_image(), "winograd: output length");
     #[cfg(target_arch = "x86_64")]
     if let Some(cpu) = crate::cpu::simd::Avx512::detect() {
         #[target_feature(enable = "avx512f")]
@@ -336,40 +346,64 @@ fn transform_output(
             images: usize,
             bias: Option<&[f32]>,
             relu: bool,
-            out: &mut [f32],
+            out: &mut [MaybeUninit<f32>],
         ) {
-            transform_output_loops(s, m, images, bias, relu, out, |row, a, b| {
-                cpu.interleave(row, a, b)
-            })
+            output_planes(cpu, s, m, images, bias, relu, out)
         }
         // SAFETY: as in `transform_input`.
         return unsafe { wide(cpu, s, m, images, bias, relu, out) };
     }
-    transform_output_loops(s, m, images, bias, relu, out, interleave)
+    transform_output_loops(s, m, images, bias, relu, out)
 }
 
-/// [`Avx512::interleave`](crate::cpu::simd::Avx512::interleave) one pair at a time:
-/// `row[2k] = a[k]`, `row[2k + 1] = b[k]`.
-fn interleave(row: &mut [f32], a: &[f32], b: &[f32]) {
+/// [`transform_output`] by
+/// [`Avx512::winograd_output_plane`](crate::cpu::simd::Avx512::winograd_output_plane), one
+/// output plane at a time.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn output_planes(
+    cpu: crate::cpu::simd::Avx512,
+    s: &ConvShape,
+    m: &[f32],
+    images: usize,
+    bias: Option<&[f32]>,
+    relu: bool,
+    out: &mut [MaybeUninit<f32>],
+) {
+    let (th, tw) = tiles(s);
+    let (co, tiles) = (s.out_channels, images * th * tw);
+    let m_pitch = pitch(co, tiles);
+    for (j, image) in out.chunks_exact_mut(s.out_image()).enumerate() {
+        for (o, plane) in image.chunks_exact_mut(s.in_h * s.in_w).enumerate() {
+            let b = bias.map_or(0.0, |b| b[o]);
+            let m = &m[o * tiles + j * th * tw..];
+            cpu.winograd_output_plane(m, m_pitch, [s.in_h, s.in_w], b, relu, plane);
+        }
+    }
+}
+
+/// `row[2k] = a[k]`, `row[2k + 1] = b[k]` for every index inside `row`.
+fn interleave(row: &mut [MaybeUninit<f32>], a: &[f32], b: &[f32]) {
     let (pairs, last) = row.split_at_mut(row.len() / 2 * 2);
     for ((p, &a), &b) in pairs.chunks_exact_mut(2).zip(a).zip(b) {
-        p[0] = a;
-        p[1] = b;
+        p[0].write(a);
+        p[1].write(b);
     }
     if let Some(l) = last.first_mut() {
-        *l = a[pairs.len() / 2];
+        l.write(a[pairs.len() / 2]);
     }
 }
 
-#[inline(always)]
+/// [`transform_output`] a tile row at a time, the operations of
+/// [`Avx512::winograd_output_plane`](crate::cpu::simd::Avx512::winograd_output_plane) in the
+/// same order.
 fn transform_output_loops(
     s: &ConvShape,
     m: &[f32],
     images: usize,
     bias: Option<&[f32]>,
     relu: bool,
-    out: &mut [f32],
-    rows_of: impl Fn(&mut [f32], &[f32], &[f32]),
+    out: &mut [MaybeUninit<f32>],
 ) {
     let (h, w) = (s.in_h, s.in_w);
     let (th, tw) = tiles(s);
@@ -414,7 +448,7 @@ fn transform_output_loops(
                         break;
                     }
                     let (y0, y1) = y[a * 2 * tw..][..2 * tw].split_at(tw);
-                    rows_of(&mut dst[oh * w..][..w], y0, y1);
+                    interleave(&mut dst[oh * w..][..w], y0, y1);
                 }
             }
         }
@@ -725,22 +759,50 @@ mod tests {
         }
     }
 
-    /// The AVX-512 interleave is the portable one bit for bit, for output rows of 1 to 70
-    /// floats (odd and even, past one and two vectors) from halves just long enough, and writes
-    /// nothing past the row.
+    /// The AVX-512 output transform is the portable one bit for bit, for planes of 1 to 20
+    /// rows and columns (odd ones end in half tiles; tile rows of 1 to 10 tiles, so that a
+    /// vector of 16 tiles spans up to 16 of them) and a few wider ones, with and without bias
+    /// and ReLU (NaN and negative sums among the values), and writes every output and nothing
+    /// past them.
     #[test]
-    fn avx512_interleave_is_the_portable_one() {
+    fn avx512_output_transform_is_the_portable_one() {
         let Some(cpu) = crate::cpu::simd::Avx512::detect() else {
             return;
         };
-        for n in 1..=70usize {
-            let a: Vec<f32> = (0..n.div_ceil(2)).map(|i| i as f32 + 0.25).collect();
-            let b: Vec<f32> = (0..n / 2).map(|i| -(i as f32) - 0.5).collect();
-            let (mut want, mut got) = (vec![f32::NAN; n + 1], vec![f32::NAN; n + 1]);
-            interleave(&mut want[..n], &a, &b);
-            cpu.interleave(&mut got[..n], &a, &b);
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "{n} floats");
+        let sizes = (1..=20usize).flat_map(|h| (1..=20usize).map(move |w| (h, w)));
+        for (h, w) in sizes.chain([(32, 32), (33, 31), (16, 48), (2, 70)]) {
+            let (images, co) = (2, 3);
+            let s = padded_3x3(images, 1, co, h, w);
+            let (th, tw) = tiles(&s);
+            let mut m = ramp(XI * pitch(co, images * th * tw), h * 31 + w);
+            m[5] = f32::NAN;
+            let bias = [0.5f32, -0.25, 0.0];
+            for (bias, relu) in [(None, false), (Some(&bias[..]), true), (Some(&bias[..]), false)] {
+                let n = images * s.out_image();
+                let unset = f32::from_bits(0x7fc0_1234);
+                let (mut want, mut got) = (vec![unset; n + 17], vec![unset; n + 17]);
+                let uninit = |v: &mut Vec<f32>| -> Vec<MaybeUninit<f32>> {
+                    v.iter().map(|&x| MaybeUninit::new(x)).collect()
+                };
+                let (mut w_out, mut g_out) = (uninit(&mut want), uninit(&mut got));
+                transform_output_loops(&s, &m, images, bias, relu, &mut w_out[..n]);
+                output_planes(cpu, &s, &m, images, bias, relu, &mut g_out[..n]);
+                // SAFETY: every element was initialised by `uninit`, and written values only
+                // since.
+                let bits = |v: &[MaybeUninit<f32>]| -> Vec<u32> {
+                    v.iter().map(|x| unsafe { x.assume_init() }.to_bits()).collect()
+                };
+                let what = format!("{h}x{w}, bias {}, relu {relu}", bias.is_some());
+                assert_eq!(bits(&g_out), bits(&w_out), "{what}");
+                assert!(
+                    bits(&g_out[..n]).iter().all(|&b| b != unset.to_bits()),
+                    "{what}: an output left unwritten"
+                );
+                assert!(
+                    bits(&g_out[n..]).iter().all(|&b| b == unset.to_bits()),
+                    "{what}: written past the output"
+                );
+            }
         }
     }
 
@@ -852,7 +914,15 @@ mod tests {
             ];
             for planes in layouts {
                 let mut got = vec![f32::NAN; want.len()];
-                convolve(&s, &u, planes, images, Some(&bias), relu, &mut got);
+                convolve(
+                    &s,
+                    &u,
+                    planes,
+                    images,
+                    Some(&bias),
+                    relu,
+                    got.as_mut_slice().into(),
+                );
                 for (i, (&got, (&want, &scale))) in got.iter().zip(want.iter().zip(&scale)).enumerate() {
                     let want = if relu { want.max(0.0) } else { want };
                     let err = (f64::from(got) - want).abs() / scale.max(1e-30);
