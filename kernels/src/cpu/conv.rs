@@ -12,6 +12,8 @@
 //! coordinates, and its backward adds the border's gradient onto the edge pixels, so no padded
 //! copy of the input is ever made.
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::batch_norm::{image_moments, MapMoments};
@@ -124,6 +126,8 @@ fn source(p: usize, pad: usize, size: usize, mode: PadMode) -> Option<usize> {
 trait Rows: Copy {
     /// `dst = src` (same length).
     fn copy_row(self, dst: &mut [f32], src: &[f32]);
+    /// `dst = src` (same length) into a slice not yet written: every element is.
+    fn write_row(self, dst: &mut [MaybeUninit<f32>], src: &[f32]);
     /// `dst += src` (same length).
     fn add_row(self, dst: &mut [f32], src: &[f32]);
     /// `dst[j] = src[j * stride]` for `j < dst.len()` (as far as `src` reaches).
@@ -179,6 +183,14 @@ impl Rows for Portable {
     }
 
     #[inline(always)]
+    fn write_row(self, dst: &mut [MaybeUninit<f32>], src: &[f32]) {
+        assert_eq!(dst.len(), src.len(), "write_row: lengths");
+        for (d, &v) in dst.iter_mut().zip(src) {
+            d.write(v);
+        }
+    }
+
+    #[inline(always)]
     fn add_row(self, dst: &mut [f32], src: &[f32]) {
         assert_eq!(dst.len(), src.len(), "add_row: lengths");
         for (d, &s) in dst.iter_mut().zip(src) {
@@ -192,6 +204,11 @@ impl Rows for super::simd::Avx512 {
     #[inline(always)]
     fn copy_row(self, dst: &mut [f32], src: &[f32]) {
         super::simd::Avx512::copy_row(self, dst, src)
+    }
+
+    #[inline(always)]
+    fn write_row(self, dst: &mut [MaybeUninit<f32>], src: &[f32]) {
+        super::simd::Avx512::write_row(self, dst, src)
     }
 
     #[inline(always)]
@@ -787,16 +804,18 @@ fn pack_lanes(s: &ConvShape, get: impl Fn(usize, usize, usize) -> f32) -> Vec<f3
 /// One image through the lane kernel: padded copy, convolution into pixel-major scratch, then
 /// into `out`'s planes (`[out_channels, out_h, out_w]`).
 #[cfg(target_arch = "x86_64")]
-fn lane_image(
+#[allow(clippy::too_many_arguments)]
+fn lane_image<'o>(
     cpu: super::simd::Avx512,
     s: &ConvShape,
     shifts: &[usize],
     x: &[f32],
     packed: &[f32],
     bias: Option<&[f32]>,
-    out: &mut [f32],
+    out: OutChunk<'o>,
     ahead: Ahead,
-) {
+) -> &'o mut [f32] {
+    assert_eq!(out.len(), s.out_image(), "conv2d: output length");
     with_padded(s, x, |padded, plane, pw_n| {
         with_scratch(0, s.out_image(), |pixels| {
             let conv = super::simd::LaneConv {
@@ -814,22 +833,24 @@ fn lane_image(
                 ahead,
             };
             cpu.lane_conv(&conv, pixels);
-            cpu.pixels_to_planes(pixels, s.out_channels, out);
+            // SAFETY: `pixels_to_planes` writes every element of its output.
+            unsafe { out.written_by(|out| cpu.pixels_to_planes(pixels, s.out_channels, out)) }
         })
-    });
+    })
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn lane_image(
+#[allow(clippy::too_many_arguments)]
+fn lane_image<'o>(
     cpu: std::convert::Infallible,
     _: &ConvShape,
     _: &[usize],
     _: &[f32],
     _: &[f32],
     _: Option<&[f32]>,
-    _: &mut [f32],
+    _: OutChunk<'o>,
     _: Ahead,
-) {
+) -> &'o mut [f32] {
     match cpu {}
 }
 
@@ -871,18 +892,21 @@ fn with_padded<R>(s: &ConvShape, x: &[f32], f: impl FnOnce(&[f32], usize, usize)
 }
 
 /// One image through the direct kernel: padded copy, convolution in the padded row pitch, then
-/// the real pixels into `out` (`[out_channels, out_h, out_w]`).
+/// the real pixels into `out` (`[out_channels, out_h, out_w]`, written once, never zeroed
+/// first), which it returns.
 #[cfg(target_arch = "x86_64")]
-fn direct_image(
+#[allow(clippy::too_many_arguments)]
+fn direct_image<'o>(
     cpu: super::simd::Avx512,
     s: &ConvShape,
     shifts: &[usize],
     x: &[f32],
     packed: &[f32],
     bias: Option<&[f32]>,
-    out: &mut [f32],
+    out: OutChunk<'o>,
     ahead: Ahead,
-) {
+) -> &'o mut [f32] {
+    assert_eq!(out.len(), s.out_image(), "conv2d: output length");
     with_padded(s, x, |padded, plane, pw_n| {
         let pitch = s.out_h() * pw_n;
         let n = (s.out_h() - 1) * pw_n + s.out_w();
@@ -900,38 +924,48 @@ fn direct_image(
                 ahead,
             };
             cpu.shifted_conv(&conv, wide);
-            compact(s, wide, out);
+            // SAFETY: `compact` writes every element of its output (asserted one image long).
+            unsafe { out.written_by(|out| compact(s, wide, out)) }
         })
-    });
+    })
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-fn direct_image(
+#[allow(clippy::too_many_arguments)]
+fn direct_image<'o>(
     cpu: std::convert::Infallible,
     _: &ConvShape,
     _: &[usize],
     _: &[f32],
     _: &[f32],
     _: Option<&[f32]>,
-    _: &mut [f32],
+    _: OutChunk<'o>,
     _: Ahead,
-) {
+) -> &'o mut [f32] {
     match cpu {}
 }
 
 /// `out[o, oh, ow] = rows[o, oh * pw_n + ow]`: the real pixels of rows in the padded pitch.
+/// Every element of `out` is written.
+///
+/// # Panics
+/// If `out` is not `[out_channels, out_h, out_w]` or `rows` too short for it.
 #[inline(never)]
-fn compact(s: &ConvShape, rows: &[f32], out: &mut [f32]) {
-    dispatch_wide!(compact_rows(s: &ConvShape, rows: &[f32], out: &mut [f32]))
+fn compact(s: &ConvShape, rows: &[f32], out: &mut [MaybeUninit<f32>]) {
+    assert_eq!(out.len(), s.out_image(), "compact: output length");
+    dispatch_wide!(compact_rows(s: &ConvShape, rows: &[f32], out: &mut [MaybeUninit<f32>]))
 }
 
 #[inline(always)]
-fn compact_rows<R: Rows>(ops: R, s: &ConvShape, rows: &[f32], out: &mut [f32]) {
+fn compact_rows<R: Rows>(ops: R, s: &ConvShape, rows: &[f32], out: &mut [MaybeUninit<f32>]) {
     let (_, pw_n) = padded_size(s);
     let (oh_n, ow_n) = (s.out_h(), s.out_w());
-    for (src, dst) in rows.chunks(oh_n * pw_n).zip(out.chunks_exact_mut(oh_n * ow_n)) {
+    // `chunks_exact_mut` of `out` (a whole number of rows) and a row for each: every output
+    // row is written whole, or the slicing of `src` panics.
+    for (o, dst) in out.chunks_exact_mut(oh_n * ow_n).enumerate() {
+        let src = &rows[o * oh_n * pw_n..];
         for (oh, row) in dst.chunks_exact_mut(ow_n).enumerate() {
-            ops.copy_row(row, &src[oh * pw_n..][..ow_n]);
+            ops.write_row(row, &src[oh * pw_n..][..ow_n]);
         }
     }
 }
@@ -1099,14 +1133,14 @@ impl Packed {
 /// [`forward`] past Winograd (which does not take `s`), with the weights packed for `s` (or
 /// for a shape that differs from it only in its batch).
 #[allow(clippy::too_many_arguments)]
-fn forward_packed(
+fn forward_packed<'o>(
     s: &ConvShape,
     x: &[f32],
     weight: &[f32],
     packs: &Packed,
     bias: Option<&[f32]>,
     relu: bool,
-    out: Out<'_>,
+    out: Out<'o>,
     moments: Option<&mut [MapMoments]>,
 ) {
     debug_assert!(!winograd::applies(s, winograd::Pass::Forward));
@@ -1117,17 +1151,21 @@ fn forward_packed(
     let product = |col: &[f32], out: &mut [f32], cols: usize, accumulate: bool| {
         weights_times(weight, s.out_channels, patch, col, out, cols, accumulate)
     };
-    let image = |(x, out): (&[f32], &mut [f32]), ahead: Ahead| {
-        if let Some((cpu, packed, shifts)) = direct {
-            direct_image(*cpu, s, shifts, x, packed, bias, out, ahead);
+    // One image, its output written once (zeroed first only for im2col's GEMM), returned.
+    let image = |(x, out): (&[f32], OutChunk<'o>), ahead: Ahead| -> &'o mut [f32] {
+        let out = if let Some((cpu, packed, shifts)) = direct {
+            direct_image(*cpu, s, shifts, x, packed, bias, out, ahead)
         } else if let Some((cpu, packed, shifts)) = lanes {
-            lane_image(*cpu, s, shifts, x, packed, bias, out, ahead);
+            lane_image(*cpu, s, shifts, x, packed, bias, out, ahead)
         } else {
-            return unfolded_image(s, x, weight, bias, relu, out);
-        }
+            let out = out.zeroed();
+            unfolded_image(s, x, weight, bias, relu, out);
+            return out;
+        };
         if relu {
             relu_in_place(out);
         }
+        out
     };
     let together = if direct.is_some() || lanes.is_some() {
         1
@@ -1139,7 +1177,7 @@ fn forward_packed(
         let (x_all, out_at, (xi, oi)) = (x, out.as_ptr() as usize, (s.in_image(), s.out_image()));
         return x
             .par_chunks(xi)
-            .zip(out.par_chunks_mut(oi))
+            .zip(out.par_out_chunks(oi))
             .zip(moment_chunks(s, moments, 1))
             .enumerate()
             .for_each(|(i, ((x, out), moments))| {
@@ -1150,7 +1188,7 @@ fn forward_packed(
                     ]),
                     _ => Ahead::default(),
                 };
-                image((x, &mut *out), ahead);
+                let out = image((x, out), ahead);
                 moments_of(s, out, moments);
             });
     }
@@ -1672,7 +1710,7 @@ pub fn conv2d_backward_from<'o>(
     };
 
     // Per group: the sums of the weight and bias gradients over its images, in image order.
-    let group = |g: usize, mut dx: Option<&mut [f32]>| -> (Vec<f32>, Vec<f64>) {
+    let group = |g: usize, mut dx: Option<OutChunk<'_>>| -> (Vec<f32>, Vec<f64>) {
         let first = g * per;
         let images = per.min(s.batch - first);
         let mut gw = vec![0.0f32; gw_len];
@@ -1685,6 +1723,12 @@ pub fn conv2d_backward_from<'o>(
             let (n0, wide) = (first + c0, cn * pixels);
             let x_c = &x[n0 * s.in_image()..][..cn * s.in_image()];
             let gather = cn > 1 || relu_out.is_some();
+            // This chunk's part of the input gradient, split off the group's.
+            let dx_c = dx.take().map(|d| {
+                let (c, rest) = d.split_at(cn * s.in_image());
+                dx = Some(rest);
+                c
+            });
             dy.with(s.out_image(), n0, cn, 4, |dy_c| {
                 with_scratch(2, if gather { o * wide } else { 0 }, |dyw| {
                     let dyw: &[f32] = if gather {
@@ -1737,11 +1781,10 @@ pub fn conv2d_backward_from<'o>(
                             unfolded_grads(s, x_c, weight, dyw, Some((&mut gw, c0 > 0)), None);
                         }
                     }
-                    if let Some(dx) = dx.as_deref_mut() {
-                        let dx_c = &mut dx[c0 * s.in_image()..][..cn * s.in_image()];
+                    if let Some(dx_c) = dx_c {
                         if s.is_pointwise() {
                             // The input gradient is its own unfolded matrix.
-                            input_grad_gemm(weight, patch, dyw, [o, patch, wide], dx_c);
+                            input_grad_gemm(weight, patch, dyw, [o, patch, wide], dx_c.zeroed());
                         } else if let Some((cpu, packed, shifts, t)) = &direct_dx {
                             // One image per chunk (`together` is 1 with the direct kernel):
                             // the next one's input, output gradient and input gradient come
@@ -1759,7 +1802,7 @@ pub fn conv2d_backward_from<'o>(
                             };
                             direct_image(*cpu, t, shifts, dyw, packed, None, dx_c, ahead);
                         } else {
-                            unfolded_grads(s, x_c, weight, dyw, None, Some(dx_c));
+                            unfolded_grads(s, x_c, weight, dyw, None, Some(dx_c.zeroed()));
                         }
                     }
                 })
@@ -1784,7 +1827,7 @@ pub fn conv2d_backward_from<'o>(
         let partials: Vec<(Vec<f32>, Vec<f64>)> = groups
             .par_iter_mut()
             .enumerate()
-            .map(|(i, dx)| group(w * wave + i, dx.take().map(OutChunk::zeroed)))
+            .map(|(i, dx)| group(w * wave + i, dx.take()))
             .collect();
         for (gw_t, gb) in &partials {
             for (d, &v) in sum_t.iter_mut().zip(gw_t) {
@@ -2123,7 +2166,16 @@ mod tests {
                         (x.as_ptr().wrapping_add(x.len() + 4096), 5000),
                         (x.as_ptr(), x.len()),
                     ]);
-                    direct_image(cpu, &s, &tap_shifts(&s), &x, &packed, Some(&b), &mut out, wild);
+                    direct_image(
+                        cpu,
+                        &s,
+                        &tap_shifts(&s),
+                        &x,
+                        &packed,
+                        Some(&b),
+                        out.as_mut_slice().into(),
+                        wild,
+                    );
                     for (i, (got, want)) in out.iter().zip(reference(&s, &x, &wt, &b)).enumerate() {
                         assert!(
                             (*got as f64 - want).abs() <= 1e-4 * want.abs().max(1.0),
@@ -2166,7 +2218,7 @@ mod tests {
                         &dy,
                         &packed_t,
                         None,
-                        &mut dx,
+                        dx.as_mut_slice().into(),
                         Ahead::default(),
                     );
                     let mut dcol = vec![0.0f32; patch * pixels];
@@ -2265,7 +2317,16 @@ mod tests {
                 for bias in [Some(&b[..]), None] {
                     let mut out = vec![f32::NAN; s.out_image()];
                     let wild = Ahead::at(&[(std::ptr::null(), 1000), (x.as_ptr(), x.len())]);
-                    lane_image(cpu, &s, &tap_shifts(&s), &x, &packed, bias, &mut out, wild);
+                    lane_image(
+                        cpu,
+                        &s,
+                        &tap_shifts(&s),
+                        &x,
+                        &packed,
+                        bias,
+                        out.as_mut_slice().into(),
+                        wild,
+                    );
                     let zeros = vec![0.0; o];
                     let want = reference(&s, &x, &wt, bias.unwrap_or(&zeros));
                     for (i, (got, want)) in out.iter().zip(want).enumerate() {

@@ -132,6 +132,11 @@ impl<'a, T: Copy + Default> OutChunk<'a, T> {
         self.values.len()
     }
 
+    /// Where the chunk starts (for prefetch hints, never read through).
+    pub fn as_ptr(&self) -> *const T {
+        self.values.as_ptr().cast()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.values.is_empty()
     }

@@ -411,8 +411,15 @@ impl Avx512 {
     /// `dst = src` (same length) with masked 16-lane operations.
     #[inline(always)]
     pub(crate) fn copy_row(self, dst: &mut [f32], src: &[f32]) {
-        // SAFETY: `self` exists only on a CPU with AVX-512F.
-        unsafe { x86::copy_row(dst, src) }
+        // SAFETY: `self` exists only on a CPU with AVX-512F; `dst` is writable.
+        unsafe { x86::copy_row(dst.as_mut_ptr(), dst.len(), src) }
+    }
+
+    /// [`Avx512::copy_row`] into a slice not yet written: every element is.
+    #[inline(always)]
+    pub(crate) fn write_row(self, dst: &mut [std::mem::MaybeUninit<f32>], src: &[f32]) {
+        // SAFETY: as in `copy_row`.
+        unsafe { x86::copy_row(dst.as_mut_ptr().cast(), dst.len(), src) }
     }
 
     /// `dst`'s rows of `width` floats (`dst.len()` a multiple of it) = the rows of `src` that
@@ -634,11 +641,16 @@ impl Avx512 {
 
     /// `planes[c * pixels + p] = src[p * channels + c]` for `c < channels`, `p < pixels`:
     /// pixel-major values (as [`LaneConv`] writes them) into channel planes, 16 pixels of a
-    /// channel per gather.
+    /// channel per gather. Every element of `planes` is written.
     ///
     /// # Panics
     /// If `src` or `planes` is not `channels * pixels` long, or that is `i32::MAX` or more.
-    pub(crate) fn pixels_to_planes(self, src: &[f32], channels: usize, planes: &mut [f32]) {
+    pub(crate) fn pixels_to_planes(
+        self,
+        src: &[f32],
+        channels: usize,
+        planes: &mut [std::mem::MaybeUninit<f32>],
+    ) {
         assert!(
             channels > 0 && planes.len() % channels == 0,
             "pixels_to_planes: channels"
@@ -1228,7 +1240,11 @@ mod x86 {
     /// The CPU runs AVX-512F; `src` and `planes` are `channels * pixels` long, less than
     /// `i32::MAX`.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn pixels_to_planes(src: &[f32], channels: usize, planes: &mut [f32]) {
+    pub(super) unsafe fn pixels_to_planes(
+        src: &[f32],
+        channels: usize,
+        planes: &mut [std::mem::MaybeUninit<f32>],
+    ) {
         let pixels = planes.len() / channels;
         let step = _mm512_mullo_epi32(
             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
@@ -1243,7 +1259,7 @@ mod x86 {
                 // SAFETY: as above; lanes `p0..p0 + popcount(k)` lie inside `plane`.
                 unsafe {
                     let v = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), k, step, at.cast());
-                    _mm512_mask_storeu_ps(plane.as_mut_ptr().add(p0), k, v);
+                    _mm512_mask_storeu_ps(plane.as_mut_ptr().add(p0).cast(), k, v);
                 }
             }
         }
@@ -1630,18 +1646,18 @@ mod x86 {
         }
     }
 
-    /// `dst = src` (same length).
+    /// The `len` floats at `d` = `src` (`len` long).
     ///
     /// # Safety
-    /// The CPU runs AVX-512F ([`super::avx512`]).
+    /// The CPU runs AVX-512F ([`super::avx512`]); `d` is valid for writes of `len` floats.
     #[target_feature(enable = "avx512f")]
     #[inline]
-    pub(super) unsafe fn copy_row(dst: &mut [f32], src: &[f32]) {
-        assert_eq!(dst.len(), src.len(), "copy_row: lengths");
-        let (d, s) = (dst.as_mut_ptr(), src.as_ptr());
+    pub(super) unsafe fn copy_row(d: *mut f32, len: usize, src: &[f32]) {
+        assert_eq!(len, src.len(), "copy_row: lengths");
+        let s = src.as_ptr();
         let mut i = 0;
-        while i < dst.len() {
-            let k = lanes((dst.len() - i).min(16));
+        while i < len {
+            let k = lanes((len - i).min(16));
             // SAFETY: lanes `i..i + popcount(k)` lie inside both slices; masked-off lanes are
             // neither read nor written.
             unsafe { _mm512_mask_storeu_ps(d.add(i), k, _mm512_maskz_loadu_ps(k, s.add(i))) };
@@ -1668,7 +1684,7 @@ mod x86 {
                 };
             } else {
                 // SAFETY: the CPU runs AVX-512F (the caller's bound).
-                unsafe { copy_row(&mut dst[at..at + width], &src[from..from + width]) };
+                unsafe { copy_row(dst[at..at + width].as_mut_ptr(), width, &src[from..from + width]) };
             }
         }
     }
