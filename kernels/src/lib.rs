@@ -80,10 +80,11 @@ fn kernels_setting() -> Result<bool, String> {
 /// Which vector instructions ember's CPU kernels use (`EMBER_SIMD`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Simd {
-    /// AVX-512F where the CPU has it (detected at run time), else the portable loops (default,
-    /// `EMBER_SIMD=auto`).
+    /// AVX-512F where the CPU has it (detected at run time), else AVX2 and FMA where it has
+    /// those, else the portable loops (default, `EMBER_SIMD=auto`).
     Auto,
-    /// The portable loops even on an AVX-512 CPU (`EMBER_SIMD=portable`): to test them there.
+    /// The portable loops even on an AVX-512 or AVX2 CPU (`EMBER_SIMD=portable`): to test them
+    /// there.
     Portable,
 }
 
@@ -93,7 +94,7 @@ fn simd_from_env() -> Result<Simd, String> {
         Ok(v) if v == "auto" => Ok(Simd::Auto),
         Ok(v) if v == "portable" => Ok(Simd::Portable),
         Ok(v) => Err(format!(
-            "EMBER_SIMD={v:?}: expected `auto` (AVX-512 where the CPU has it, the default) or `portable`"
+            "EMBER_SIMD={v:?}: expected `auto` (AVX-512 or AVX2 where the CPU has it, the default) or `portable`"
         )),
         Err(e) => Err(format!("EMBER_SIMD: {e}")),
     }
@@ -117,13 +118,10 @@ pub fn simd_setting() -> Simd {
     *SIMD.get_or_init(|| simd_from_env().unwrap_or_else(|e| panic!("{e}")))
 }
 
-/// The vector instructions the CPU kernels run on this machine: `avx512f` or `portable`.
+/// The vector instructions the CPU kernels run on this machine: `avx512f`, `avx2` or
+/// `portable`.
 pub fn simd_in_use() -> &'static str {
-    if cpu::simd_avx512() {
-        "avx512f"
-    } else {
-        "portable"
-    }
+    cpu::simd_in_use()
 }
 
 /// Whether ember's kernels run (rather than burn's stock ops): `EMBER_KERNELS`, read once.

@@ -48,9 +48,9 @@ impl Images<'_> {
     }
 }
 
-/// Whether the AVX-512 paths run here (the CPU has AVX-512F, `EMBER_SIMD` is not `portable`).
-pub(crate) fn simd_avx512() -> bool {
-    simd::avx512()
+/// The vector instructions the CPU kernels run here ([`simd::in_use`]).
+pub(crate) fn simd_in_use() -> &'static str {
+    simd::in_use()
 }
 
 /// Output length of a window of `kernel` moved by `stride` over `size` padded by `pad` on each
