@@ -10,7 +10,7 @@ use rayon::prelude::*;
 use super::pool::pool_2x2;
 #[cfg(test)]
 use super::pool::PoolShape;
-use super::simd::wide;
+use super::simd::{wide, Vectors};
 use super::{lane_sum, Images, Out};
 
 /// `batch` images of `channels` maps of `plane` (height x width) elements.
@@ -55,29 +55,6 @@ pub(crate) enum Tail {
     InLanes,
 }
 
-/// Which loop takes [`grad_sums`]' sixteen partial sums: the same bits from each.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum SumLanes {
-    Portable,
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Avx512(super::simd::Avx512),
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Avx2(super::simd::Avx2),
-}
-
-impl SumLanes {
-    /// The widest this CPU runs (and `EMBER_SIMD` allows).
-    fn detect() -> SumLanes {
-        if let Some(cpu) = super::simd::Avx512::detect() {
-            SumLanes::Avx512(cpu)
-        } else if let Some(cpu) = super::simd::Avx2::detect() {
-            SumLanes::Avx2(cpu)
-        } else {
-            SumLanes::Portable
-        }
-    }
-}
-
 /// Batch norm backward's two sums over one map, `(sum g, sum g * (x - m))` in `f64`, where `g`
 /// is `dy` stopped where the fused ReLU's output `y` (when given) is not positive
 /// ([`pool_gate`]). Sixteen interleaved partial sums (value `k` into partial sum `k % 16`) over
@@ -86,7 +63,7 @@ impl SumLanes {
 /// ([`super::simd::Avx512::bn_grad_lanes`], [`super::simd::Avx2::bn_grad_lanes`]),
 /// bit-identical.
 pub(crate) fn grad_sums(
-    cpu: SumLanes,
+    cpu: Vectors,
     x: &[f32],
     dy: &[f32],
     y: Option<&[f32]>,
@@ -104,9 +81,9 @@ pub(crate) fn grad_sums(
     };
     let (sum, dot) = match cpu {
         #[cfg(target_arch = "x86_64")]
-        SumLanes::Avx512(cpu) => cpu.bn_grad_lanes(&x[..blocks], &dy[..blocks], y.map(|y| &y[..blocks]), m),
+        Vectors::Avx512(cpu) => cpu.bn_grad_lanes(&x[..blocks], &dy[..blocks], y.map(|y| &y[..blocks]), m),
         #[cfg(target_arch = "x86_64")]
-        SumLanes::Avx2(cpu) => cpu.bn_grad_lanes(&x[..blocks], &dy[..blocks], y.map(|y| &y[..blocks]), m),
+        Vectors::Avx2(cpu) => cpu.bn_grad_lanes(&x[..blocks], &dy[..blocks], y.map(|y| &y[..blocks]), m),
         _ => {
             let (mut sum, mut dot) = ([0.0f64; LANES], [0.0f64; LANES]);
             for k in 0..blocks {
@@ -726,7 +703,7 @@ pub fn bn_pool_input_grad<'a>(
         "batch norm + pool backward: per-channel length"
     );
     let out_image = s.channels * pooled;
-    let cpu = SumLanes::detect();
+    let cpu = Vectors::detect();
     let per_image: Vec<Vec<(f64, f64)>> = dz
         .par_chunks(out_image)
         .zip(z.par_chunks(out_image).zip(x_at.par_chunks(out_image)))
@@ -893,7 +870,7 @@ pub fn bn_input_grad<'a>(
     assert_eq!(weight.len(), s.channels, "batch norm: per-channel length");
     let y = relu_out.unwrap_or(dy);
     let relu = relu_out.is_some();
-    let cpu = SumLanes::detect();
+    let cpu = Vectors::detect();
     // Per map: sum of g and of g * (x - mean); x and (dy, y) zipped in one pass.
     let image = s.channels * s.plane;
     let maps: Vec<(f64, f64)> = if image == 0 {
@@ -1031,8 +1008,8 @@ mod tests {
     #[test]
     fn vector_grad_sums_are_the_portable_ones() {
         let vectors = [
-            crate::cpu::simd::Avx512::detect().map(SumLanes::Avx512),
-            crate::cpu::simd::Avx2::detect().map(SumLanes::Avx2),
+            crate::cpu::simd::Avx512::detect().map(Vectors::Avx512),
+            crate::cpu::simd::Avx2::detect().map(Vectors::Avx2),
         ];
         if vectors.iter().all(Option::is_none) {
             eprintln!("no AVX-512F or AVX2 (or EMBER_SIMD=portable): only the portable loop runs");
@@ -1057,7 +1034,7 @@ mod tests {
             let cases = [None, Some(&y[..])].map(|y| [Tail::Apart, Tail::InLanes].map(|t| (y, t)));
             for (y, tail) in cases.into_iter().flatten() {
                 let m = 0.1 + 1e-12;
-                let want = grad_sums(SumLanes::Portable, &x, &dy, y, m, tail);
+                let want = grad_sums(Vectors::Portable, &x, &dy, y, m, tail);
                 for cpu in vectors.into_iter().flatten() {
                     let got = grad_sums(cpu, &x, &dy, y, m, tail);
                     let bits = |(a, b): (f64, f64)| (a.to_bits(), b.to_bits());
@@ -1073,7 +1050,7 @@ mod tests {
         // The gate bites, and the two tails are two orders (the test would pass trivially with
         // either ignored in both forms).
         let (x, dy, y) = (values(37, 1), spread(values(37, 2)), values(37, 3));
-        let sums = |y, tail| grad_sums(SumLanes::Portable, &x, &dy, y, 0.1, tail);
+        let sums = |y, tail| grad_sums(Vectors::Portable, &x, &dy, y, 0.1, tail);
         assert_ne!(sums(Some(&y[..]), Tail::Apart), sums(None, Tail::Apart));
         assert_ne!(sums(None, Tail::Apart), sums(None, Tail::InLanes));
     }

@@ -254,27 +254,29 @@ impl Rows for super::simd::Avx512 {
 /// operations are compiled for the instructions of the function they land in.
 macro_rules! dispatch_wide {
     ($name:ident($($arg:ident: $ty:ty),*)) => {{
-        #[cfg(target_arch = "x86_64")]
-        if let Some(cpu) = super::simd::Avx512::detect() {
-            #[target_feature(enable = "avx512f")]
-            fn wide(cpu: super::simd::Avx512, $($arg: $ty),*) {
-                $name(cpu, $($arg),*)
+        match super::simd::Vectors::detect() {
+            #[cfg(target_arch = "x86_64")]
+            super::simd::Vectors::Avx512(cpu) => {
+                #[target_feature(enable = "avx512f")]
+                fn wide(cpu: super::simd::Avx512, $($arg: $ty),*) {
+                    $name(cpu, $($arg),*)
+                }
+                // SAFETY: calling a function compiled for AVX-512F needs a CPU that runs it,
+                // which `cpu` proves.
+                unsafe { wide(cpu, $($arg),*) }
             }
-            // SAFETY: calling a function compiled for AVX-512F needs a CPU that runs it, which
-            // `cpu` proves.
-            return unsafe { wide(cpu, $($arg),*) };
-        }
-        #[cfg(target_arch = "x86_64")]
-        if super::simd::Avx2::detect().is_some() {
-            #[target_feature(enable = "avx2,fma")]
-            fn wide($($arg: $ty),*) {
-                $name(Portable, $($arg),*)
+            #[cfg(target_arch = "x86_64")]
+            super::simd::Vectors::Avx2(_) => {
+                #[target_feature(enable = "avx2,fma")]
+                fn wide($($arg: $ty),*) {
+                    $name(Portable, $($arg),*)
+                }
+                // SAFETY: calling a function compiled for AVX2 and FMA needs a CPU that runs
+                // them, which the token's `Avx2::detect` checked.
+                unsafe { wide($($arg),*) }
             }
-            // SAFETY: calling a function compiled for AVX2 and FMA needs a CPU that runs them,
-            // which `Avx2::detect` checked.
-            return unsafe { wide($($arg),*) };
+            _ => $name(Portable, $($arg),*),
         }
-        $name(Portable, $($arg),*)
     }};
 }
 

@@ -3,8 +3,9 @@
 //! to 30 floats, one masked 16-lane operation each instead of a 4-lane loop and a scalar tail),
 //! 2x2 max pooling (16 windows per step instead of one) and batch norm backward's per-map sums
 //! (the compiler kept their sixteen `f64` partial sums on the stack, half of them scalar).
-//! Chosen at run time with [`avx512`]; other machines take the portable loops. Both give bit-identical results: the
-//! same operations on the same values in the same order, only several lanes at once.
+//! Chosen at run time with [`Vectors::detect`]; other machines take the portable loops (compiled
+//! for AVX2 where the CPU has it). Both give bit-identical results: the same operations on the
+//! same values in the same order, only several lanes at once.
 
 /// Output channels per register tile of the direct convolution ([`Avx512::shifted_conv`]):
 /// a convolution runs there only with a multiple of this many.
@@ -210,40 +211,70 @@ pub(crate) fn lane_vectors(out_channels: usize, width: usize) -> usize {
     }
 }
 
-/// Whether the AVX-512 paths run: the CPU has AVX-512F and `EMBER_SIMD` is not `portable`.
-pub(crate) fn avx512() -> bool {
-    Avx512::detect().is_some()
+/// The widest vector instructions this CPU runs that `EMBER_SIMD` allows: AVX-512F, else AVX2
+/// and FMA, else the x86-64 baseline. Every dispatch between the three ([`wide`], `conv.rs`'
+/// row loops, batch norm's sums) takes them in this one order.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Vectors {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx512(Avx512),
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    Avx2(Avx2),
+    Portable,
 }
 
-/// Runs `f` inside a function compiled for AVX-512F when [`avx512`] holds, else for AVX2 and
-/// FMA where [`Avx2::detect`] finds them, else as it is. Given
+impl Vectors {
+    pub(crate) fn detect() -> Vectors {
+        if let Some(cpu) = Avx512::detect() {
+            Vectors::Avx512(cpu)
+        } else if let Some(cpu) = Avx2::detect() {
+            Vectors::Avx2(cpu)
+        } else {
+            Vectors::Portable
+        }
+    }
+
+    /// `avx512f`, `avx2` or `portable`.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Vectors::Avx512(_) => "avx512f",
+            Vectors::Avx2(_) => "avx2",
+            Vectors::Portable => "portable",
+        }
+    }
+}
+
+/// Runs `f` inside a function compiled for the [`Vectors`] this CPU has: AVX-512F, or AVX2 and
+/// FMA, else as it is. Given
 /// an `#[inline(always)]` closure, its loops are vectorised there 8 `f64`s or 16 `f32`s wide
 /// instead of the x86-64 baseline's 2 or 4 (batch norm's `f64` passes ran on SSE2's two lanes:
 /// 7% of a ResNet-20 step). The same operations in the same order either way (the compiler
 /// neither contracts them into FMAs nor reassociates them), so the results are bit-identical.
 #[inline(always)]
 pub(crate) fn wide<R>(f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        #[target_feature(enable = "avx512f")]
-        fn run<R>(f: impl FnOnce() -> R) -> R {
-            f()
+    match Vectors::detect() {
+        #[cfg(target_arch = "x86_64")]
+        Vectors::Avx512(_) => {
+            #[target_feature(enable = "avx512f")]
+            fn run<R>(f: impl FnOnce() -> R) -> R {
+                f()
+            }
+            // SAFETY: calling a function compiled for AVX-512F needs a CPU that runs it, which
+            // the token's `Avx512::detect` checked.
+            unsafe { run(f) }
         }
-        // SAFETY: calling a function compiled for AVX-512F needs a CPU that runs it, which
-        // `avx512` checked.
-        return unsafe { run(f) };
-    }
-    #[cfg(target_arch = "x86_64")]
-    if Avx2::detect().is_some() {
-        #[target_feature(enable = "avx2,fma")]
-        fn run<R>(f: impl FnOnce() -> R) -> R {
-            f()
+        #[cfg(target_arch = "x86_64")]
+        Vectors::Avx2(_) => {
+            #[target_feature(enable = "avx2,fma")]
+            fn run<R>(f: impl FnOnce() -> R) -> R {
+                f()
+            }
+            // SAFETY: calling a function compiled for AVX2 and FMA needs a CPU that runs them,
+            // which the token's `Avx2::detect` checked.
+            unsafe { run(f) }
         }
-        // SAFETY: calling a function compiled for AVX2 and FMA needs a CPU that runs them,
-        // which `Avx2::detect` checked.
-        return unsafe { run(f) };
+        _ => f(),
     }
-    f()
 }
 
 /// Proof that this CPU runs AVX2 and FMA, as [`Avx512`] is for AVX-512F: only
@@ -286,10 +317,7 @@ impl Avx2 {
         y: Option<&[f32]>,
         m: f64,
     ) -> ([f64; 16], [f64; 16]) {
-        assert!(
-            x.len() == dy.len() && y.is_none_or(|y| y.len() == x.len()),
-            "batch norm backward sums: lengths"
-        );
+        check_bn_grad_lengths(x, dy, y);
         // SAFETY: `self` exists only on a CPU with AVX2; the lengths are checked above.
         unsafe { x86::bn_grad_lanes_avx2(x, dy, y, m) }
     }
@@ -297,13 +325,19 @@ impl Avx2 {
 
 /// The vector instructions [`wide`] compiles for on this CPU: `avx512f`, `avx2` or `portable`.
 pub(crate) fn in_use() -> &'static str {
-    if avx512() {
-        "avx512f"
-    } else if Avx2::detect().is_some() {
-        "avx2"
-    } else {
-        "portable"
-    }
+    Vectors::detect().name()
+}
+
+/// The lengths both `bn_grad_lanes` kernels read by: `dy` and `y` (when given) as long as `x`.
+///
+/// # Panics
+/// Where they are not.
+#[cfg(target_arch = "x86_64")]
+fn check_bn_grad_lengths(x: &[f32], dy: &[f32], y: Option<&[f32]>) {
+    assert!(
+        x.len() == dy.len() && y.is_none_or(|y| y.len() == x.len()),
+        "batch norm backward sums: lengths"
+    );
 }
 
 /// Proof that this CPU runs AVX-512F: only [`Avx512::detect`] makes one (the field is private
@@ -746,10 +780,7 @@ impl Avx512 {
         y: Option<&[f32]>,
         m: f64,
     ) -> ([f64; 16], [f64; 16]) {
-        assert!(
-            x.len() == dy.len() && y.is_none_or(|y| y.len() == x.len()),
-            "batch norm backward sums: lengths"
-        );
+        check_bn_grad_lengths(x, dy, y);
         // SAFETY: `self` exists only on a CPU with AVX-512F; the lengths are checked above.
         unsafe { x86::bn_grad_lanes(x, dy, y, m) }
     }
